@@ -1,0 +1,1 @@
+"""Transport edges (ZeroMQ sources and sinks), installed as ``streamtrace.adapters``."""
