@@ -1,0 +1,188 @@
+"""ETraceVjpAlgorithm: one step (or a window) as a ``jax.custom_vjp``.
+
+Forward: output, new hidden state, new eligibility traces. Backward: the cotangent of the
+output / new hidden state (dL/dh_t) is turned into weight gradients through the traces, so an
+ordinary ``jax.grad`` of a loss on the step's output yields the online gradient:
+
+    def loss(params, hidden, traces, x, y):
+        out, hidden, traces = algo(params, hidden, traces, x)
+        return mse(out, y), (hidden, traces)
+    grads, (hidden, traces) = jax.grad(loss, has_aux=True)(params, hidden, traces, x, y)
+
+Every parameter gets a gradient: traced weights through their traces, all others (readouts,
+time constants, ...) by ordinary backprop through the step. ``vjp_method="multi-step"`` with a
+``MultiStepData`` window backpropagates exactly inside the window and through the traces from
+before it; ``"single-step"`` over a window sums the per-step online gradients.
+"""
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+
+from . import kernel
+from .data import MultiStepData, SingleStepData
+from .graph import ETraceGraph, compile_graph
+from .signals import SignalContext, as_signal
+
+__all__ = ["ETraceVjpAlgorithm"]
+
+VJP_METHODS = ("single-step", "multi-step")
+
+
+class ETraceVjpAlgorithm:
+    """Base class. Subclasses define the trace state and its two uses:
+
+    * ``base_traces()``: zero traces, a flat dict ``{readable name: array}``;
+    * ``update_traces(traces, xs, D, F)``: the forward trace recursion;
+    * ``weight_grads(traces, g)``: contract the learning signal (per group, (..., O, S)) with
+      the traces into ``{param name: gradient}``.
+    """
+
+    name = "etrace"
+
+    def __init__(self, model, *example_args, vjp_method: str = "single-step", signal=None):
+        if vjp_method not in VJP_METHODS:
+            raise ValueError(f"vjp_method must be one of {VJP_METHODS}; got {vjp_method!r}")
+        if isinstance(model, ETraceGraph):
+            if example_args:
+                raise TypeError("pass example inputs only with a model, not with a compiled graph")
+            self.graph = model
+        else:
+            if not example_args:
+                raise TypeError(f"{type(self).__name__}(model, *example_inputs): example inputs are needed "
+                                "to compile the model")
+            self.graph = compile_graph(model, *example_args)
+        self.vjp_method = vjp_method
+        self.signal = as_signal(signal)
+        if vjp_method == "multi-step" and signal is not None:
+            raise ValueError("learning-signal hooks apply to vjp_method='single-step' only")
+        self.signal.bind(self)
+        self._step = self._make_single_step()
+        self._window = self._make_window()
+
+    # ---- what subclasses provide ------------------------------------------------------
+    @property
+    def traced_params(self) -> tuple:
+        """Parameters whose gradient comes from the traces."""
+        return self.graph.trace_params
+
+    def base_traces(self) -> dict:
+        raise NotImplementedError
+
+    def update_traces(self, traces, xs, D, F):
+        raise NotImplementedError
+
+    def weight_grads(self, traces, g) -> dict:
+        raise NotImplementedError
+
+    # ---- state ------------------------------------------------------------------------
+    def init_traces(self) -> dict:
+        return {**self.base_traces(), **self.signal.init(self)}
+
+    def init_state(self):
+        """(params, hidden, traces) from the model's current values and zero traces."""
+        return self.graph.init_params(), self.graph.init_hidden(), self.init_traces()
+
+    # ---- one step ---------------------------------------------------------------------
+    def forward(self, params, hidden, traces, args):
+        """The forward pass without the custom VJP: (output, new hidden, new traces)."""
+        out, new_h, xs, D, F = kernel.forward(self.graph, params, hidden, args)
+        new_tr = self.signal.forward({**traces, **self.update_traces(traces, xs, D, F)})
+        return out, new_h, new_tr
+
+    def _direct_params(self):
+        return tuple(n for n in self.graph.param_names if n not in self.traced_params)
+
+    def _make_single_step(self):
+        graph = self.graph
+
+        @jax.custom_vjp
+        def step(params, hidden, traces, args):
+            return self.forward(params, hidden, traces, args)
+
+        def fwd(params, hidden, traces, args):
+            out, new_h, new_tr = self.forward(params, hidden, traces, args)
+            return (out, new_h, new_tr), (params, hidden, traces, args, out, new_h, new_tr)
+
+        def bwd(res, cts):
+            params, hidden, traces, args, out, new_h, new_tr = res
+            ct_out, ct_h, _ = cts
+            direct = self._direct_params()
+            g, dparams, dargs = kernel.backward(graph, params, hidden, args, new_h, ct_out, ct_h,
+                                                diff_params=direct, transition_params=direct)
+            g = self.signal.transform(g, SignalContext(graph, out, ct_out, new_h))
+            dtrace = self.weight_grads(self.signal.contraction_traces(new_tr), g)
+            grads = {n: dtrace[n] if n in dtrace else dparams[n] for n in params}
+            return grads, kernel.zeros_like_tree(hidden), kernel.zeros_like_tree(traces), dargs
+
+        step.defvjp(fwd, bwd)
+        return step
+
+    def _make_window(self):
+        graph = self.graph
+
+        def run_window(params, hidden, traces, seq_args, const_args, mask):
+            def body(carry, xs_t):
+                h, tr = carry
+                out, h, tr = self.forward(params, h, tr, _merge_args(xs_t, const_args, mask))
+                return (h, tr), out
+            (h, tr), outs = jax.lax.scan(body, (hidden, traces), seq_args)
+            return outs, h, tr
+
+        def unrolled(params, hidden, seq_args, const_args, mask):
+            def body(h, xs_t):
+                out, h = kernel.plain_step(graph, params, h, _merge_args(xs_t, const_args, mask))
+                return h, out
+            h, outs = jax.lax.scan(body, hidden, seq_args)
+            return outs, h
+
+        @partial(jax.custom_vjp, nondiff_argnums=(5,))
+        def _window(params, hidden, traces, seq_args, const_args, mask):
+            return run_window(params, hidden, traces, seq_args, const_args, mask)
+
+        def fwd(params, hidden, traces, seq_args, const_args, mask):
+            res = run_window(params, hidden, traces, seq_args, const_args, mask)
+            return res, (params, hidden, traces, seq_args, const_args)
+
+        def bwd(mask, res, cts):
+            params, hidden, traces, seq_args, const_args = res
+            ct_outs, ct_h, _ = cts
+            _, vjp_u = jax.vjp(lambda p, h, s, c: unrolled(p, h, s, c, mask), params, hidden, seq_args, const_args)
+            dp, dh0, dseq, dconst = vjp_u((ct_outs, ct_h))
+            # paths from before the window reach the weights through the traces at its start
+            dtrace = self.weight_grads(traces, kernel.group_stack(graph, dh0))
+            grads = {n: dp[n] + dtrace[n] if n in dtrace else dp[n] for n in params}
+            return grads, kernel.zeros_like_tree(hidden), kernel.zeros_like_tree(traces), dseq, dconst
+
+        _window.defvjp(fwd, bwd)
+        return _window
+
+    # ---- public call ------------------------------------------------------------------
+    def __call__(self, params, hidden, traces, *args):
+        """Advance one step (or a MultiStepData window). Returns (output, hidden, traces)."""
+        if not any(isinstance(a, MultiStepData) for a in args):
+            args = tuple(a.value if isinstance(a, SingleStepData) else a for a in args)
+            return self._step(params, hidden, traces, args)
+        mask = tuple(isinstance(a, MultiStepData) for a in args)
+        seq = tuple(a.value for a in args if isinstance(a, MultiStepData))
+        const = tuple((a.value if isinstance(a, SingleStepData) else a) for a in args
+                      if not isinstance(a, MultiStepData))
+        lengths = {jnp.shape(leaf)[0] for leaf in jax.tree_util.tree_leaves(seq)}
+        if len(lengths) != 1:
+            raise ValueError(f"MultiStepData inputs disagree on the window length (axis 0): {sorted(lengths)}")
+        if self.vjp_method == "multi-step":
+            return self._window(params, hidden, traces, seq, const, mask)
+
+        def body(carry, xs_t):
+            h, tr = carry
+            out, h, tr = self._step(params, h, tr, _merge_args(xs_t, const, mask))
+            return (h, tr), out
+        (h, tr), outs = jax.lax.scan(body, (hidden, traces), seq)
+        return outs, h, tr
+
+
+def _merge_args(seq_t, const, mask):
+    seq_it, const_it = iter(seq_t), iter(const)
+    return tuple(next(seq_it) if m else next(const_it) for m in mask)

@@ -1,0 +1,209 @@
+"""Dependency analysis of one traced step.
+
+For every jaxpr variable we track which *sources* it depends on differentiably, and how:
+``DIAG`` when the Jacobian w.r.t. that source is diagonal (element-wise, same shape), ``DENSE``
+otherwise, together with the primitive that first made it dense (for error messages).
+Sources are previous hidden values ``("h", i)``, marked-op outputs ``("y", k)`` and, for the
+output check, cut new hidden values ``("hn", i)``. Marked matmuls cut the dependence on their
+input: that cut is the diagonal approximation. Marked element-wise ops keep it (a diagonal
+path), so diagonal recurrences stay exact.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from jax.extend.core import Literal
+
+from .errors import CompileError
+from .interpreter import CALL_PRIMITIVES, marked_kind
+
+__all__ = ["DIAG", "DENSE", "StepAnalysis", "analyze"]
+
+DIAG, DENSE = "diag", "dense"
+
+ELEMENTWISE = frozenset("""
+add sub mul div neg max min exp exp2 log log1p expm1 tanh logistic sin cos tan asin acos atan
+sinh cosh asinh acosh atanh sqrt rsqrt cbrt pow integer_pow square abs erf erfc erf_inv lgamma
+digamma atan2 rem clamp select_n convert_element_type copy copy_p reduce_precision nextafter
+add_any real imag conj
+""".split())
+# Primitives with zero derivative: the value may depend on a source, the gradient does not.
+ZERO_DERIVATIVE = frozenset("""
+stop_gradient gt ge lt le eq ne and or not xor sign floor ceil round is_finite iota
+random_bits random_seed random_wrap random_unwrap shift_left shift_right_logical
+shift_right_arithmetic population_count argmax argmin
+""".split())
+SHAPE_ONLY = frozenset("reshape squeeze expand_dims broadcast_in_dim".split())
+LOOPS = frozenset("while scan cond fori_loop".split())
+
+
+def _merge(into: dict, deps: dict, force_dense_why: str | None = None):
+    for src, (kind, why) in deps.items():
+        if force_dense_why is not None and kind == DIAG:
+            kind, why = DENSE, force_dense_why
+        old = into.get(src)
+        if old is None or (old[0] == DIAG and kind == DENSE):
+            into[src] = (kind, why)
+
+
+def _shape(v):
+    return tuple(v.aval.shape) if hasattr(v.aval, "shape") else ()
+
+
+def _size(v):
+    return int(np.prod(_shape(v), dtype=np.int64))
+
+
+@dataclass
+class MarkedOp:
+    index: int
+    kind: str
+    eqn: object
+
+    @property
+    def x(self):
+        return self.eqn.invars[0]
+
+    @property
+    def w(self):
+        return self.eqn.invars[1]
+
+    @property
+    def b(self):
+        return self.eqn.invars[2] if len(self.eqn.invars) > 2 else None
+
+    @property
+    def y(self):
+        return self.eqn.outvars[0]
+
+
+@dataclass
+class StepAnalysis:
+    deps: dict                      # var -> {source: (kind, why)}
+    ops: list = field(default_factory=list)  # MarkedOp, in program order
+
+
+def _contains_marked(jaxpr) -> str | None:
+    from jax.extend.core import jaxprs_in_params
+    for eqn in jaxpr.eqns:
+        if marked_kind(eqn) is not None:
+            return eqn.params["name"]
+        for sub in jaxprs_in_params(eqn.params):
+            found = _contains_marked(getattr(sub, "jaxpr", sub))
+            if found:
+                return found
+    return None
+
+
+def analyze(jaxpr, in_deps: dict, *, cut: dict | None = None, top_level: bool = True,
+            param_names: dict | None = None) -> StepAnalysis:
+    """Propagate source dependencies through ``jaxpr``.
+
+    in_deps: invar -> deps. cut: var -> source; the var's deps are replaced by that source
+    (used to ask "what does the output depend on besides the new hidden state").
+    param_names: invar -> parameter name, only used to name weights in errors.
+    """
+    from jax.extend.core import jaxprs_in_params
+    cut = cut or {}
+    param_names = param_names or {}
+    deps: dict = {}
+    result = StepAnalysis(deps)
+
+    def get(v):
+        return {} if isinstance(v, Literal) else deps.get(v, {})
+
+    def put(v, d):
+        deps[v] = {cut[v]: (DIAG, None)} if v in cut else d
+
+    for v in jaxpr.invars:
+        put(v, dict(in_deps.get(v, {})))
+    for v in jaxpr.constvars:
+        put(v, {})
+
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        kind = marked_kind(eqn)
+        if kind is not None:
+            if not top_level:
+                raise CompileError(
+                    f"a weight op ({eqn.params['name']}) is called inside a nested jit/call; call "
+                    "streamtrace.nn.ops at the top level of update() (do not wrap layers in jax.jit)")
+            op = MarkedOp(len(result.ops), kind, eqn)
+            result.ops.append(op)
+            d = {("y", op.index): (DIAG, None)}
+            if kind == "elementwise":
+                xd = get(op.x)
+                _merge(d, xd, None if _shape(op.x) == _shape(op.y) else f"broadcast into {eqn.params['name']}")
+            put(op.y, d)
+            continue
+
+        out_shapes = [_shape(v) for v in eqn.outvars]
+        if name in LOOPS or (name not in CALL_PRIMITIVES and any(
+                True for _ in jaxprs_in_params(eqn.params))):
+            for sub in jaxprs_in_params(eqn.params):
+                found = _contains_marked(getattr(sub, "jaxpr", sub))
+                if found:
+                    reads = sorted(param_names[v] for v in eqn.invars if not isinstance(v, Literal) and v in param_names)
+                    hint = f" (the loop reads parameters: {', '.join(reads)})" if reads else ""
+                    raise CompileError(
+                        f"a weight op ({found}) sits inside a `{name}`{hint}. Eligibility traces need "
+                        "each weight op exactly once per step: unroll the loop in update(), or move "
+                        "the weight out of it.")
+            d = {}
+            for v in eqn.invars:
+                _merge(d, get(v), name)
+            for v in eqn.outvars:
+                put(v, dict(d))
+            continue
+
+        if name in ("jit", "pjit", "closed_call", "core_call", "remat", "checkpoint"):
+            sub = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
+            sub_jaxpr = getattr(sub, "jaxpr", sub)
+            sub_in = {sv: get(v) for sv, v in zip(sub_jaxpr.invars, eqn.invars)}
+            sub_res = analyze(sub_jaxpr, sub_in, top_level=False)
+            for v, sv in zip(eqn.outvars, sub_jaxpr.outvars):
+                put(v, dict(sub_res.deps.get(sv, {})) if not isinstance(sv, Literal) else {})
+            continue
+
+        if name in ZERO_DERIVATIVE:
+            for v in eqn.outvars:
+                put(v, {})
+            continue
+
+        if name in ELEMENTWISE or name.startswith("custom_jvp_call") or name.startswith("custom_vjp_call"):
+            # custom_jvp / custom_vjp functions (e.g. surrogate spikes) are treated as opaque
+            # element-wise maps when every operand has the output's shape.
+            if name.startswith("custom"):
+                sub = eqn.params.get("call_jaxpr") or eqn.params.get("fun_jaxpr")
+                if sub is not None and _contains_marked(getattr(sub, "jaxpr", sub)):
+                    raise CompileError("a weight op is called inside a custom_jvp/custom_vjp function; "
+                                       "call it in update() directly")
+            # select_n's predicate has zero derivative
+            invars = eqn.invars[1:] if name == "select_n" else eqn.invars
+            for ov, oshape in zip(eqn.outvars, out_shapes):
+                d = {}
+                for v in invars:
+                    same = isinstance(v, Literal) or _shape(v) == oshape
+                    _merge(d, get(v), None if same else f"broadcast in {name}")
+                put(ov, d)
+            continue
+
+        if name in SHAPE_ONLY:
+            src = eqn.invars[0]
+            same_size = _size(src) == _size(eqn.outvars[0])
+            put(eqn.outvars[0], dict(get(src)) if same_size else _dense(get(src), name))
+            continue
+
+        d = {}
+        for v in eqn.invars:
+            _merge(d, get(v), name)
+        for v in eqn.outvars:
+            put(v, dict(d))
+    return result
+
+
+def _dense(d, why):
+    out = {}
+    _merge(out, d, why)
+    return out

@@ -1,0 +1,62 @@
+"""D-RTRL: parameter-dimension eligibility traces (exact when the recurrence is element-wise).
+
+    eps_t[..., i, o, :] = D_t[..., o] @ eps_{t-1}[..., i, o, :] + x_t[..., i] * F_t[..., o, :]
+    dW[i, o]            = sum over batch and s of g_t[..., o, s] * eps_t[..., i, o, s]
+
+A bias is a weight whose input is 1; an element-wise weight has no input axis.
+"""
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from .algorithm import ETraceVjpAlgorithm
+
+__all__ = ["D_RTRL"]
+
+
+def decay_diag(D, e):
+    """Apply each neuron's S x S Jacobian to its trace: (..., O, S, S) x (..., [I,] O, S)."""
+    if e.ndim == D.ndim:  # (..., I, O, S): one trace per input unit
+        return jnp.einsum("...ost,...iot->...ios", D, e)
+    return jnp.einsum("...ost,...ot->...os", D, e)
+
+
+class D_RTRL(ETraceVjpAlgorithm):
+    name = "d-rtrl"
+
+    def _trace_shapes(self, r):
+        g = self.graph.groups[r.group]
+        lead, O, S = r.y_shape[:-1], r.y_shape[-1], g.size
+        w = lead + ((r.x_shape[-1], O, S) if r.kind == "matmul" else (O, S))
+        return w, lead + (O, S)
+
+    def base_traces(self):
+        dtype = next(iter(self.graph.init_hidden().values())).dtype
+        tr = {}
+        for r in self.graph.traced_relations:
+            w_shape, b_shape = self._trace_shapes(r)
+            tr[f"eps.{r.weight}"] = jnp.zeros(w_shape, dtype)
+            if r.bias:
+                tr[f"eps.{r.bias}"] = jnp.zeros(b_shape, dtype)
+        return tr
+
+    def update_traces(self, traces, xs, D, F):
+        new = {}
+        for r, x, f in zip(self.graph.traced_relations, xs, F):
+            d = D[r.group]
+            x_term = x[..., :, None, None] * f[..., None, :, :] if r.kind == "matmul" else x[..., None] * f
+            new[f"eps.{r.weight}"] = decay_diag(d, traces[f"eps.{r.weight}"]) + x_term
+            if r.bias:
+                new[f"eps.{r.bias}"] = decay_diag(d, traces[f"eps.{r.bias}"]) + f
+        return new
+
+    def weight_grads(self, traces, g):
+        grads = {}
+        for r in self.graph.traced_relations:
+            gg = g[r.group]
+            e = traces[f"eps.{r.weight}"]
+            spec = "...os,...ios->io" if r.kind == "matmul" else "...os,...os->o"
+            grads[r.weight] = jnp.einsum(spec, gg, e)
+            if r.bias:
+                grads[r.bias] = jnp.einsum("...os,...os->o", gg, traces[f"eps.{r.bias}"])
+        return grads

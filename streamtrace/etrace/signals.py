@@ -1,0 +1,140 @@
+"""Learning-signal hooks: change dL/dh (or the traces it meets) before the contraction.
+
+A hook is a small object with four optional methods, all pure:
+
+* ``init(algo) -> dict``: extra named state carried with the traces (e.g. filtered traces);
+* ``forward(traces) -> traces``: runs after the trace update in the forward pass;
+* ``contraction_traces(traces) -> traces``: which traces the learning signal meets;
+* ``transform(g, ctx) -> g``: replaces the learning signal, per hidden group (..., O, S).
+
+Hooks compose with ``Chain`` (a list given to an algorithm is chained in order).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = ["LearningSignal", "Chain", "RandomFeedback", "KappaFilter", "SignalContext", "as_signal"]
+
+
+@dataclass(frozen=True)
+class SignalContext:
+    graph: Any
+    output: Any          # the step's output
+    output_cotangent: Any  # dL/d output
+    new_hidden: dict
+
+
+class LearningSignal:
+    def bind(self, algo) -> None:
+        """Called once with the algorithm (graph shapes known)."""
+
+    def init(self, algo) -> dict:
+        return {}
+
+    def forward(self, traces: dict) -> dict:
+        return traces
+
+    def contraction_traces(self, traces: dict) -> dict:
+        return traces
+
+    def transform(self, g: list, ctx: SignalContext) -> list:
+        return g
+
+
+class Chain(LearningSignal):
+    def __init__(self, *hooks: LearningSignal):
+        self.hooks = hooks
+
+    def bind(self, algo):
+        for h in self.hooks:
+            h.bind(algo)
+
+    def init(self, algo):
+        out = {}
+        for h in self.hooks:
+            out.update(h.init(algo))
+        return out
+
+    def forward(self, traces):
+        for h in self.hooks:
+            traces = h.forward(traces)
+        return traces
+
+    def contraction_traces(self, traces):
+        for h in self.hooks:
+            traces = h.contraction_traces(traces)
+        return traces
+
+    def transform(self, g, ctx):
+        for h in self.hooks:
+            g = h.transform(g, ctx)
+        return g
+
+
+def as_signal(signal) -> LearningSignal:
+    if signal is None:
+        return LearningSignal()
+    if isinstance(signal, (list, tuple)):
+        return Chain(*signal)
+    if not isinstance(signal, LearningSignal):
+        raise TypeError(f"signal must be a LearningSignal or a list of them; got {type(signal).__name__}")
+    return signal
+
+
+class RandomFeedback(LearningSignal):
+    """Fixed random feedback (random e-prop / feedback alignment): the learning signal of
+    group g is ``dL/dout @ B_g`` with a fixed random ``B_g`` of shape (S, out, O) instead of
+    the transpose of the readout path. The output must be one array (..., out)."""
+
+    def __init__(self, seed: int = 0, scale: float | None = None):
+        self.seed, self.scale = seed, scale
+        self.B = None
+
+    def bind(self, algo):
+        graph = algo.graph
+        out = graph.out_struct
+        if not hasattr(out, "shape") or len(out.shape) == 0:
+            raise TypeError("RandomFeedback needs the model output to be one array of shape (..., out)")
+        n_out = out.shape[-1]
+        rng = np.random.default_rng(self.seed)
+        scale = self.scale if self.scale is not None else 1.0 / np.sqrt(n_out)
+        self.B = [rng.normal(0.0, scale, (g.size, n_out, g.shape[-1])) for g in graph.groups]
+
+    def transform(self, g, ctx):
+        ct = ctx.output_cotangent
+        return [jnp.einsum("...k,sko->...os", ct, jnp.asarray(B, ct.dtype)) for B in self.B]
+
+
+class KappaFilter(LearningSignal):
+    """e-prop's kappa filter: the learning signal meets the low-pass filtered eligibility
+    trace ``e_bar = kappa * e_bar + e`` (the causal form of filtering the learning signal with
+    the readout's leak kappa; over a sequence the two give the same sum). For ES-D-RTRL each
+    factor is filtered, which approximates the filtered product."""
+
+    def __init__(self, kappa: float):
+        if not 0.0 <= kappa < 1.0:
+            raise ValueError(f"kappa must be in [0, 1); got {kappa}")
+        self.kappa = kappa
+        self.names = ()
+
+    def init(self, algo):
+        base = algo.base_traces()
+        self.names = tuple(base)
+        return {f"kappa.{n}": jnp.zeros_like(v) for n, v in base.items()}
+
+    def forward(self, traces):
+        out = dict(traces)
+        for n in self.names:
+            out[f"kappa.{n}"] = self.kappa * traces[f"kappa.{n}"] + traces[n]
+        return out
+
+    def contraction_traces(self, traces):
+        out = dict(traces)
+        for n in self.names:
+            out[n] = traces[f"kappa.{n}"]
+        return out

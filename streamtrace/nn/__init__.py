@@ -1,0 +1,8 @@
+"""Network building blocks: marked weight ops, rate cells, neuron groups."""
+from . import ops
+from .layers import DiagRNNCell, GRUCell, Linear, LSTMCell, RNNCell
+from .neurons import ALIF, LIF, LeakyRate, LeakyRateReadout
+from .surrogate import spike
+
+__all__ = ["ops", "spike", "Linear", "RNNCell", "DiagRNNCell", "GRUCell", "LSTMCell",
+           "LIF", "ALIF", "LeakyRate", "LeakyRateReadout"]
