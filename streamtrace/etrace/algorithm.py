@@ -93,7 +93,12 @@ class ETraceVjpAlgorithm:
         return out, new_h, new_tr
 
     def _direct_params(self):
+        """Parameters differentiated along the step's direct path to the output."""
         return tuple(n for n in self.graph.param_names if n not in self.traced_params)
+
+    def _transition_params(self):
+        """Parameters that also get the one-step path through the hidden update."""
+        return self._direct_params()
 
     def _make_single_step(self):
         graph = self.graph
@@ -109,12 +114,12 @@ class ETraceVjpAlgorithm:
         def bwd(res, cts):
             params, hidden, traces, args, out, new_h, new_tr = res
             ct_out, ct_h, _ = cts
-            direct = self._direct_params()
             g, dparams, dargs = kernel.backward(graph, params, hidden, args, new_h, ct_out, ct_h,
-                                                diff_params=direct, transition_params=direct)
+                                                diff_params=self._direct_params(),
+                                                transition_params=self._transition_params())
             g = self.signal.transform(g, SignalContext(graph, out, ct_out, new_h))
             dtrace = self.weight_grads(self.signal.contraction_traces(new_tr), g)
-            grads = {n: dtrace[n] if n in dtrace else dparams[n] for n in params}
+            grads = {n: _sum_present(dtrace.get(n), dparams.get(n)) for n in params}
             return grads, kernel.zeros_like_tree(hidden), kernel.zeros_like_tree(traces), dargs
 
         step.defvjp(fwd, bwd)
@@ -186,3 +191,7 @@ class ETraceVjpAlgorithm:
 def _merge_args(seq_t, const, mask):
     seq_it, const_it = iter(seq_t), iter(const)
     return tuple(next(seq_it) if m else next(const_it) for m in mask)
+
+
+def _sum_present(a, b):
+    return b if a is None else a if b is None else a + b

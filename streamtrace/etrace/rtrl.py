@@ -26,6 +26,9 @@ class RTRL(ETraceVjpAlgorithm):
     def _direct_params(self):
         return self.graph.param_names
 
+    def _transition_params(self):
+        return ()  # M_t already holds every path through the hidden update
+
     def base_traces(self):
         h, _ = ravel_pytree(self.graph.init_hidden())
         p, _ = ravel_pytree(self.graph.init_params())
