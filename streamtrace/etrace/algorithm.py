@@ -88,17 +88,24 @@ class ETraceVjpAlgorithm:
     # ---- one step ---------------------------------------------------------------------
     def forward(self, params, hidden, traces, args):
         """The forward pass without the custom VJP: (output, new hidden, new traces)."""
-        out, new_h, xs, D, F = kernel.forward(self.graph, params, hidden, args)
+        return self._forward(params, hidden, traces, args)[:3]
+
+    def _forward(self, params, hidden, traces, args):
+        """(output, new hidden, new traces, residual for the learning signal)."""
+        out, new_h, xs, D, F, P = kernel.forward(self.graph, params, hidden, args)
         new_tr = self.signal.forward({**traces, **self.update_traces(traces, xs, D, F)})
-        return out, new_h, new_tr
+        return out, new_h, new_tr, P
+
+    def learning_signal(self, g_total, residual):
+        """From dL/dh_t (all paths) to the signal the traces expect."""
+        return kernel.partial_signal(g_total, residual)
+
+    # RTRL's sensitivity holds every path through h_t, so it contracts the signal from h_t on
+    cut_hidden = False
 
     def _direct_params(self):
-        """Parameters differentiated along the step's direct path to the output."""
+        """Parameters differentiated by backprop through the step (not through traces)."""
         return tuple(n for n in self.graph.param_names if n not in self.traced_params)
-
-    def _transition_params(self):
-        """Parameters that also get the one-step path through the hidden update."""
-        return self._direct_params()
 
     def _make_single_step(self):
         graph = self.graph
@@ -108,16 +115,16 @@ class ETraceVjpAlgorithm:
             return self.forward(params, hidden, traces, args)
 
         def fwd(params, hidden, traces, args):
-            out, new_h, new_tr = self.forward(params, hidden, traces, args)
-            return (out, new_h, new_tr), (params, hidden, traces, args, out, new_h, new_tr)
+            out, new_h, new_tr, aux = self._forward(params, hidden, traces, args)
+            return (out, new_h, new_tr), (params, hidden, traces, args, out, new_h, new_tr, aux)
 
         def bwd(res, cts):
-            params, hidden, traces, args, out, new_h, new_tr = res
+            params, hidden, traces, args, out, new_h, new_tr, aux = res
             ct_out, ct_h, _ = cts
-            g, dparams, dargs = kernel.backward(graph, params, hidden, args, new_h, ct_out, ct_h,
+            g, dparams, dargs = kernel.backward(graph, params, hidden, args, ct_out, ct_h,
                                                 diff_params=self._direct_params(),
-                                                transition_params=self._transition_params())
-            g = self.signal.transform(g, SignalContext(graph, out, ct_out, new_h))
+                                                cut_hidden=self.cut_hidden)
+            g = self.signal.transform(self.learning_signal(g, aux), SignalContext(graph, out, ct_out, new_h))
             dtrace = self.weight_grads(self.signal.contraction_traces(new_tr), g)
             grads = {n: _sum_present(dtrace.get(n), dparams.get(n)) for n in params}
             return grads, kernel.zeros_like_tree(hidden), kernel.zeros_like_tree(traces), dargs

@@ -116,26 +116,22 @@ class ETraceGraph:
         src = {"p": params, "h": hidden, "a": arg_leaves}
         return [src[k][n] for k, n in self.in_layout]
 
-    def run(self, params, hidden, args, *, op_hook=None, override_hidden=None):
-        """Evaluate the step. Returns (output, new_hidden, computed_new_hidden).
+    def run(self, params, hidden, args, *, op_hook=None, hidden_hook=None):
+        """Evaluate the step: (output, new_hidden).
 
-        override_hidden: {name: value} replaces the new hidden values wherever the step uses
-        them downstream (e.g. in the output); the returned new_hidden is still what the step
-        itself computed.
+        hidden_hook(name, value) -> value is applied to each new hidden value as soon as the
+        step computes it, so later uses in the same step (other layers, the output) and the
+        returned state all see the result; used to perturb or cut the new state.
         """
         override = {}
-        if override_hidden:
-            for n, v in override_hidden.items():
-                var = self.hidden_outvars[self.hidden_names.index(n)]
+        if hidden_hook is not None:
+            for n, var in zip(self.hidden_names, self.hidden_outvars):
                 if not isinstance(var, Literal):
-                    override[var] = v
-        outs, computed = eval_jaxpr(self.jaxpr, self.consts, self.flat_inputs(params, hidden, args),
-                                    op_hook=op_hook, override=override)
+                    override[var] = lambda v, n=n: hidden_hook(n, v)
+        outs = eval_jaxpr(self.jaxpr, self.consts, self.flat_inputs(params, hidden, args),
+                          op_hook=op_hook, override=override)
         out = jax.tree_util.tree_unflatten(self.out_treedef, outs[:self.n_out])
-        new_hidden = {}
-        for n, var, val in zip(self.hidden_names, self.hidden_outvars, outs[self.n_out:]):
-            new_hidden[n] = computed.get(var, val)
-        return out, new_hidden
+        return out, dict(zip(self.hidden_names, outs[self.n_out:]))
 
     # -- diagnostics -------------------------------------------------------------------
     def explain(self, weight: str | None = None, hidden: str | None = None) -> str:

@@ -2,7 +2,7 @@
 
 This is how one traced step is re-run in the shapes the algorithms need: with marked-op
 outputs cut or perturbed (for D and F), with op inputs captured (for x), or with the new
-hidden values replaced downstream (for the learning signal). It runs at trace time only.
+hidden values perturbed (for the learning signal dL/dh). It runs at trace time only.
 """
 from __future__ import annotations
 
@@ -28,25 +28,22 @@ def marked_kind(eqn) -> str | None:
 
 def eval_jaxpr(jaxpr, consts, args, *, op_hook: Callable | None = None,
                override: dict | None = None):
-    """Evaluate ``jaxpr`` (an open Jaxpr) on ``args``.
+    """Evaluate ``jaxpr`` (an open Jaxpr) on ``args``; returns the list of outputs.
 
     op_hook(index, eqn, invals, bind) -> outval is called for each top-level marked op, in
     order, with ``bind()`` computing the op's normal value. ``override`` maps variables to
-    values that replace them wherever they are *used*; the computed values are returned too.
-    Returns (outputs, computed) where computed maps each overridden variable to the value the
-    jaxpr itself produced for it.
+    functions applied to their value as soon as it is computed (every use, outputs included,
+    sees the result).
     """
     env = {}
     override = override or {}
-    computed = {}
 
     def read(v):
         return v.val if isinstance(v, Literal) else env[v]
 
     def write(v, val):
         if v in override:
-            computed[v] = val
-            val = override[v]
+            val = override[v](val)
         env[v] = val
 
     for v, val in zip(jaxpr.constvars, consts):
@@ -74,4 +71,4 @@ def eval_jaxpr(jaxpr, consts, args, *, op_hook: Callable | None = None,
                 outs = [outs]
         for v, val in zip(eqn.outvars, outs):
             write(v, val)
-    return [read(v) for v in jaxpr.outvars], computed
+    return [read(v) for v in jaxpr.outvars]

@@ -41,11 +41,17 @@ def plain_step(graph: ETraceGraph, params, hidden, args):
 
 
 def forward(graph: ETraceGraph, params, hidden, args):
-    """Returns (out, new_hidden, xs, D, F); xs/F listed per traced relation, D per group."""
+    """One step with its local Jacobians: (out, new_hidden, xs, D, F, P).
+
+    xs, F: per traced relation. D: per group (..., S, S). P: per group with S > 1, the
+    within-step chain between its states, P[..., i, j] = d h_i,t / d h_j,t (identity plus the
+    element-wise paths from state j's new value to state i's, e.g. LSTM c_t -> h_t); None for
+    S = 1. All with paths through traced matmuls cut.
+    """
     traced = graph.traced_relations
     pos = {r.index: k for k, r in enumerate(traced)}
 
-    def core(h_prev, deltas):
+    def core(h_prev, deltas, e):
         xs = [None] * len(traced)
 
         def hook(i, eqn, invals, bind):
@@ -58,56 +64,70 @@ def forward(graph: ETraceGraph, params, hidden, args):
                 y = jax.lax.stop_gradient(y)  # the diagonal approximation: cut dh_prev -> x -> y
             return y + deltas[k]
 
-        out, new_h = graph.run(params, h_prev, args, op_hook=hook)
+        out, new_h = graph.run(params, h_prev, args, op_hook=hook, hidden_hook=lambda n, v: v + e[n])
         return new_h, (out, xs)
 
+    zeros_h = {n: jnp.zeros_like(v) for n, v in hidden.items()}
     deltas0 = [jnp.zeros(r.y_shape, hidden[graph.groups[r.group].members[0]].dtype) for r in traced]
-    new_h, lin, (out, xs) = jax.linearize(core, hidden, deltas0, has_aux=True)
+    new_h, lin, (out, xs) = jax.linearize(core, hidden, deltas0, zeros_h, has_aux=True)
 
     s_max = max(g.size for g in graph.groups)
-    where = {m: (g.index, s) for g in graph.groups for s, m in enumerate(g.members)}
-    h_tangents, d_tangents = [], []
-    for j in range(s_max):   # D: column j of every group at once
-        h_tangents.append({n: jnp.full_like(v, 1.0 if where[n][1] == j else 0.0) for n, v in hidden.items()})
-        d_tangents.append([jnp.zeros_like(d) for d in deltas0])
-    for k in range(len(traced)):  # F: one direction per traced op
-        h_tangents.append({n: jnp.zeros_like(v) for n, v in hidden.items()})
-        d_tangents.append([jnp.ones_like(d) if i == k else jnp.zeros_like(d) for i, d in enumerate(deltas0)])
-    stack = lambda *xs: jnp.stack(xs)
-    tan = jax.vmap(lin)(jax.tree_util.tree_map(stack, *h_tangents), jax.tree_util.tree_map(stack, *d_tangents))
-    cols = group_stack(graph, tan)  # per group: (T, ..., S)
+    slot = {m: s for g in graph.groups for s, m in enumerate(g.members)}
+    basis = lambda j: {n: jnp.full_like(v, 1.0 if slot[n] == j else 0.0) for n, v in hidden.items()}
+    no_deltas = [jnp.zeros_like(d) for d in deltas0]
+    # tangent directions: D columns (state j of every group at once), F (one per op), P columns
+    directions = [(basis(j), no_deltas, zeros_h) for j in range(s_max)]
+    directions += [(zeros_h, [jnp.ones_like(d) if i == k else jnp.zeros_like(d) for i, d in enumerate(deltas0)],
+                    zeros_h) for k in range(len(traced))]
+    if s_max > 1:
+        directions += [(zeros_h, no_deltas, basis(j)) for j in range(s_max)]
+    stacked = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *directions)
+    cols = group_stack(graph, jax.vmap(lin)(*stacked))  # per group: (directions, ..., S)
     D = [jnp.stack([c[j] for j in range(g.size)], axis=-1) for g, c in zip(graph.groups, cols)]
     F = [cols[r.group][s_max + k] for k, r in enumerate(traced)]
-    return out, new_h, xs, D, F
+    p0 = s_max + len(traced)
+    P = [jnp.stack([c[p0 + j] for j in range(g.size)], axis=-1) if g.size > 1 else None
+         for g, c in zip(graph.groups, cols)]
+    return out, new_h, xs, D, F, P
 
 
-def backward(graph: ETraceGraph, params, hidden, args, new_hidden, ct_out, ct_hidden,
-             diff_params: tuple, transition_params: tuple):
-    """Learning signal and direct gradients.
+def partial_signal(g_total: list, P: list) -> list:
+    """Remove the within-step chains between a group's states from the learning signal.
 
-    diff_params: parameters whose direct path to the output (with the new hidden state held
-    fixed) is differentiated. transition_params: those that additionally get the one-step
-    path through the transition (instant parameters such as a learnable time constant).
+    The traces already carry them (F and D are total derivatives through the step), so the
+    signal must be the partial derivative: g_partial = P^-T g_total, per neuron.
+    """
+    out = []
+    for g, p in zip(g_total, P):
+        if p is None:
+            out.append(g)
+        else:
+            out.append(jnp.linalg.solve(jnp.swapaxes(p, -1, -2), g[..., None])[..., 0])
+    return out
+
+
+def backward(graph: ETraceGraph, params, hidden, args, ct_out, ct_hidden, diff_params: tuple,
+             cut_hidden: bool = False):
+    """Learning signal and direct gradients, by one VJP of the step.
+
+    The new hidden values get an additive perturbation e (zero); g = dL/de is the learning
+    signal dL/dh_t, including paths inside the step (a lower layer's new state feeding an
+    upper layer's, then the output). ``diff_params`` get their one-step gradient along every
+    path with the previous state held fixed. With ``cut_hidden`` the new state is treated as
+    an independent variable (stop-gradient + e): g and the parameter gradients then only hold
+    the paths from h_t onward / not through h_t, as exact RTRL needs.
     Returns (g per group (..., S), dparams {name: grad}, dargs).
     """
     fixed = {n: v for n, v in params.items() if n not in diff_params}
 
-    def G(dp, a, hn):
-        out, h = graph.run({**fixed, **dp}, hidden, a, override_hidden=hn)
-        return out, h
+    def G(dp, a, e):
+        if cut_hidden:
+            hook = lambda n, v: jax.lax.stop_gradient(v) + e[n]
+        else:
+            hook = lambda n, v: v + e[n]
+        return graph.run({**fixed, **dp}, hidden, a, hidden_hook=hook)
 
     dp0 = {n: params[n] for n in diff_params}
-    (out, _), vjp_g = jax.vjp(G, dp0, args, new_hidden)
-    d_out_direct, d_args, g_out = vjp_g((ct_out, zeros_like_tree(new_hidden)))
-    g = {n: ct_hidden[n] + g_out[n] for n in graph.hidden_names}
-    dparams = dict(d_out_direct)
-    # the one-step path through the transition; what the caller does not use, XLA drops
-    d_trans, d_args2, _ = vjp_g((zeros_like_tree(out), g))
-    for n in transition_params:
-        dparams[n] = dparams[n] + d_trans[n]
-    d_args = jax.tree_util.tree_map(_add_cotangent, d_args, d_args2)
-    return group_stack(graph, g), dparams, d_args
-
-
-def _add_cotangent(a, b):
-    return a if getattr(a, "dtype", None) == jax.dtypes.float0 else a + b
+    _, vjp_g = jax.vjp(G, dp0, args, zeros_like_tree(hidden))
+    dparams, dargs, g = vjp_g((ct_out, ct_hidden))
+    return group_stack(graph, g), dparams, dargs

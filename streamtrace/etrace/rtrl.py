@@ -26,15 +26,17 @@ class RTRL(ETraceVjpAlgorithm):
     def _direct_params(self):
         return self.graph.param_names
 
-    def _transition_params(self):
-        return ()  # M_t already holds every path through the hidden update
+    cut_hidden = True  # M_t already holds every path into h_t
 
     def base_traces(self):
         h, _ = ravel_pytree(self.graph.init_hidden())
         p, _ = ravel_pytree(self.graph.init_params())
         return {"M": jnp.zeros((h.size, p.size), h.dtype)}
 
-    def forward(self, params, hidden, traces, args):
+    def learning_signal(self, g, residual):
+        return g  # with the new state cut, g already is the partial derivative
+
+    def _forward(self, params, hidden, traces, args):
         flat_h, unravel_h = ravel_pytree(hidden)
         flat_p, unravel_p = ravel_pytree(params)
 
@@ -44,7 +46,7 @@ class RTRL(ETraceVjpAlgorithm):
 
         (J_h, J_p), (out, new_h) = jax.jacfwd(T, argnums=(0, 1), has_aux=True)(flat_h, flat_p)
         M = J_h @ traces["M"] + J_p
-        return out, new_h, self.signal.forward({**traces, "M": M})
+        return out, new_h, self.signal.forward({**traces, "M": M}), None
 
     def weight_grads(self, traces, g):
         per_hidden = {m: gg[..., s] for grp, gg in zip(self.graph.groups, g)

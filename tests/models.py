@@ -1,0 +1,128 @@
+"""Small test models built from streamtrace.nn layers."""
+import brainstate
+import jax
+import jax.numpy as jnp
+
+from streamtrace import nn
+from streamtrace.etrace.model_fn import ModelFunction
+
+
+class Stack(brainstate.nn.Module):
+    """input Linear -> neuron group -> Linear readout (element-wise recurrent models)."""
+
+    def __init__(self, neuron, n_in=3, n_hidden=5, n_out=2, gain=3.0, seed=0):
+        super().__init__()
+        k1, k2 = jax.random.split(jax.random.PRNGKey(seed))
+        self.inp = nn.Linear(n_in, n_hidden, key=k1)
+        self.cell = neuron(n_hidden)
+        self.out = nn.Linear(n_hidden, n_out, key=k2)
+        self.gain = gain
+
+    def update(self, x):
+        return self.out(self.cell(self.inp(x) * self.gain))
+
+
+class CellNet(brainstate.nn.Module):
+    """recurrent cell (taking the input itself) -> Linear readout."""
+
+    def __init__(self, cell, n_in=3, n_hidden=5, n_out=2, seed=0):
+        super().__init__()
+        k1, k2 = jax.random.split(jax.random.PRNGKey(seed))
+        self.cell = cell(n_in, n_hidden, key=k1)
+        self.out = nn.Linear(n_hidden, n_out, key=k2)
+
+    def update(self, x):
+        return self.out(self.cell(x))
+
+
+def make(model, batch=2):
+    brainstate.nn.init_all_states(model, batch)
+    return model
+
+
+def lif_net(**kw):
+    return make(Stack(lambda n: nn.LIF(n, tau=5.0), **kw))
+
+
+def alif_net(**kw):
+    return make(Stack(lambda n: nn.ALIF(n, tau=5.0, tau_a=20.0, beta=0.3), **kw))
+
+
+def rate_net(**kw):
+    """leaky rate units -> Linear readout."""
+    return make(Stack(lambda n: nn.LeakyRate(n, tau=4.0), gain=1.0, **kw))
+
+
+def two_layer_rate_net(**kw):
+    """leaky rate units with a leaky rate readout (every weight carries a trace)."""
+    class RateNet(brainstate.nn.Module):
+        def __init__(self, n_in=3, n_hidden=5, n_out=2, seed=0):
+            super().__init__()
+            k1, k2 = jax.random.split(jax.random.PRNGKey(seed))
+            self.inp = nn.Linear(n_in, n_hidden, key=k1)
+            self.cell = nn.LeakyRate(n_hidden, tau=4.0)
+            self.out = nn.LeakyRateReadout(n_hidden, n_out, tau=3.0, key=k2)
+
+        def update(self, x):
+            return self.out(self.cell(self.inp(x)))
+    return make(RateNet(**kw))
+
+
+def diag_rnn_net(**kw):
+    return make(CellNet(nn.DiagRNNCell, **kw))
+
+
+def gru_net(**kw):
+    return make(CellNet(nn.GRUCell, **kw))
+
+
+def lstm_net(**kw):
+    return make(CellNet(nn.LSTMCell, **kw))
+
+
+def rnn_net(**kw):
+    return make(CellNet(nn.RNNCell, **kw))
+
+
+def bptt_grads(model, params, hidden, xs, ys, t, loss):
+    """Oracle: jax.grad of L_t through the whole unrolled history 0..t (weights frozen),
+    calling model.update directly (no jaxpr analysis, no traces)."""
+    f = ModelFunction(model)
+
+    def L(p):
+        h = hidden
+        for i in range(t + 1):
+            out, h = f(p, h, xs[i])
+        return loss(out, ys[t])
+    return jax.grad(L)(params)
+
+
+def mse(out, y):
+    return jnp.sum((out - y) ** 2)
+
+
+def rel_err(a, b):
+    return float(jnp.max(jnp.abs(a - b)) / (jnp.max(jnp.abs(b)) + 1e-300))
+
+
+class Chained(brainstate.nn.Module):
+    """Two states per neuron with a chain inside the step (u_t reads v_t), element-wise."""
+
+    def __init__(self, size):
+        super().__init__()
+        self.size = size
+
+    def init_state(self, batch_size=None, **kwargs):
+        shape = (self.size,) if batch_size is None else (batch_size, self.size)
+        self.v = brainstate.HiddenState(jnp.zeros(shape))
+        self.u = brainstate.HiddenState(jnp.zeros(shape))
+
+    def update(self, current):
+        v = 0.8 * self.v.value + current
+        u = 0.6 * self.u.value + jnp.tanh(v) * 0.7
+        self.v.value, self.u.value = v, u
+        return u
+
+
+def chained_net(**kw):
+    return make(Stack(Chained, gain=1.0, **kw))
