@@ -84,8 +84,9 @@ def test_random_feedback_d_rtrl_matches_manual_contraction(x64):
     plain = st.D_RTRL(model, jnp.asarray(xs[0]))
     params, _, _ = algo.init_state()
 
-    assert len(hook.B) == 1 and hook.B[0].shape == (1, N_OUT, N_H)
-    Bm = np.asarray(hook.B[0])
+    bound = algo.signal   # bind() fits a copy of the hook to this algorithm
+    assert hook.B is None and len(bound.B) == 1 and bound.B[0].shape == (1, N_OUT, N_H)
+    Bm = np.asarray(bound.B[0])
     rows, ref = run(algo, params, xs, ys), run(plain, params, xs, ys)
     assert_spiking(rows)
 
@@ -116,7 +117,7 @@ def test_random_feedback_es_d_rtrl_matches_manual_contraction(x64):
     hook = st.RandomFeedback(seed=4)
     algo = st.ES_D_RTRL(model, jnp.asarray(xs[0]), decay=0.5, signal=hook)
     params, _, _ = algo.init_state()
-    Bm = np.asarray(hook.B[0])
+    Bm = np.asarray(algo.signal.B[0])
     rows = run(algo, params, xs, ys)
     assert max(np.abs(r["grads"]["inp.W"]).max() for r in rows) > 1e-3
     for t in range(T):
@@ -134,12 +135,11 @@ def test_random_feedback_matrix_seed_and_scale():
     x = jnp.ones((B_, N_IN))
     h1, h2, h3 = st.RandomFeedback(seed=7), st.RandomFeedback(seed=7), st.RandomFeedback(seed=8)
     h4 = st.RandomFeedback(seed=7, scale=2.0)
-    for h in (h1, h2, h3, h4):
-        st.D_RTRL(model, x, signal=h)
-    np.testing.assert_array_equal(h1.B[0], h2.B[0])
-    assert not np.allclose(h1.B[0], h3.B[0])
+    b1, b2, b3, b4 = (st.D_RTRL(model, x, signal=h).signal for h in (h1, h2, h3, h4))
+    np.testing.assert_array_equal(b1.B[0], b2.B[0])
+    assert not np.allclose(b1.B[0], b3.B[0])
     # default scale 1/sqrt(n_out): same draws, rescaled
-    np.testing.assert_allclose(h4.B[0], h1.B[0] * 2.0 * np.sqrt(N_OUT), rtol=1e-12)
+    np.testing.assert_allclose(b4.B[0], b1.B[0] * 2.0 * np.sqrt(N_OUT), rtol=1e-12)
 
 
 def test_random_feedback_needs_single_array_output():
@@ -238,7 +238,8 @@ def test_chain_random_feedback_and_kappa(x64, order):
     assert isinstance(algo.signal, Chain)
     params, _, traces0 = algo.init_state()
     assert "kappa.eps.inp.W" in traces0
-    Bm = np.asarray(rf.B[0])
+    bound_rf = [h for h in algo.signal.hooks if isinstance(h, st.RandomFeedback)][0]
+    Bm = np.asarray(bound_rf.B[0])
     rows = run(algo, params, xs, ys)
     assert max(np.abs(r["grads"]["inp.W"]).max() for r in rows) > 1e-3
     ebar = {n: np.zeros_like(traces0[n]) for n in ("eps.inp.W", "eps.inp.b")}
@@ -282,3 +283,18 @@ def test_as_signal():
         as_signal("kappa")
     with pytest.raises(TypeError):
         st.D_RTRL(lif_net(), jnp.ones((B_, N_IN)), signal=0.5)
+
+
+def test_one_hook_object_serves_two_algorithms(x64):
+    """bind() fits a copy per algorithm: sharing a hook neither breaks nor silently disables it."""
+    model = lif_net()
+    x = jnp.ones((B_, N_IN))
+    kf = st.KappaFilter(0.5)
+    a1 = st.D_RTRL(model, x, signal=kf)
+    a2 = st.ES_D_RTRL(model, x, decay=0.5, signal=kf)
+    for algo in (a1, a2):
+        p, h, tr = algo.init_state()
+        _, _, tr = algo(p, h, tr, x)
+        _, _, tr = algo(p, h, tr, x)
+        filtered = [n for n in tr if n.startswith("kappa.")]
+        assert filtered and all(float(np.abs(tr[n]).max()) > 0 for n in filtered)

@@ -55,10 +55,9 @@ class ETraceVjpAlgorithm:
                                 "to compile the model")
             self.graph = compile_graph(model, *example_args)
         self.vjp_method = vjp_method
-        self.signal = as_signal(signal)
         if vjp_method == "multi-step" and signal is not None:
             raise ValueError("learning-signal hooks apply to vjp_method='single-step' only")
-        self.signal.bind(self)
+        self.signal = as_signal(signal).bind(self)
         self._step = self._make_single_step()
         self._window = self._make_window()
 

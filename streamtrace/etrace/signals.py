@@ -1,6 +1,7 @@
 """Learning-signal hooks: change dL/dh (or the traces it meets) before the contraction.
 
-A hook is a small object with four optional methods, all pure:
+A hook is a small object with optional methods, all pure. ``bind(algo)`` returns a copy
+fitted to one algorithm (shapes, trace names), so one hook object may serve many algorithms.
 
 * ``init(algo) -> dict``: extra named state carried with the traces (e.g. filtered traces);
 * ``forward(traces) -> traces``: runs after the trace update in the forward pass;
@@ -30,8 +31,9 @@ class SignalContext:
 
 
 class LearningSignal:
-    def bind(self, algo) -> None:
-        """Called once with the algorithm (graph shapes known)."""
+    def bind(self, algo) -> "LearningSignal":
+        """A copy of this hook fitted to ``algo`` (graph shapes and trace names known)."""
+        return self
 
     def init(self, algo) -> dict:
         return {}
@@ -51,8 +53,7 @@ class Chain(LearningSignal):
         self.hooks = hooks
 
     def bind(self, algo):
-        for h in self.hooks:
-            h.bind(algo)
+        return Chain(*(h.bind(algo) for h in self.hooks))
 
     def init(self, algo):
         out = {}
@@ -91,9 +92,8 @@ class RandomFeedback(LearningSignal):
     group g is ``dL/dout @ B_g`` with a fixed random ``B_g`` of shape (S, out, O) instead of
     the transpose of the readout path. The output must be one array (..., out)."""
 
-    def __init__(self, seed: int = 0, scale: float | None = None):
-        self.seed, self.scale = seed, scale
-        self.B = None
+    def __init__(self, seed: int = 0, scale: float | None = None, B=None):
+        self.seed, self.scale, self.B = seed, scale, B
 
     def bind(self, algo):
         graph = algo.graph
@@ -103,7 +103,8 @@ class RandomFeedback(LearningSignal):
         n_out = out.shape[-1]
         rng = np.random.default_rng(self.seed)
         scale = self.scale if self.scale is not None else 1.0 / np.sqrt(n_out)
-        self.B = [rng.normal(0.0, scale, (g.size, n_out, g.shape[-1])) for g in graph.groups]
+        return RandomFeedback(self.seed, self.scale,
+                              [rng.normal(0.0, scale, (g.size, n_out, g.shape[-1])) for g in graph.groups])
 
     def transform(self, g, ctx):
         ct = ctx.output_cotangent
@@ -116,16 +117,17 @@ class KappaFilter(LearningSignal):
     the readout's leak kappa; over a sequence the two give the same sum). For ES-D-RTRL each
     factor is filtered, which approximates the filtered product."""
 
-    def __init__(self, kappa: float):
+    def __init__(self, kappa: float, names: tuple = ()):
         if not 0.0 <= kappa < 1.0:
             raise ValueError(f"kappa must be in [0, 1); got {kappa}")
-        self.kappa = kappa
-        self.names = ()
+        self.kappa, self.names = kappa, tuple(names)
+
+    def bind(self, algo):
+        return KappaFilter(self.kappa, tuple(algo.base_traces()))
 
     def init(self, algo):
         base = algo.base_traces()
-        self.names = tuple(base)
-        return {f"kappa.{n}": jnp.zeros_like(v) for n, v in base.items()}
+        return {f"kappa.{n}": jnp.zeros_like(base[n]) for n in self.names}
 
     def forward(self, traces):
         out = dict(traces)
