@@ -97,12 +97,14 @@ def _contains_marked(jaxpr) -> str | None:
 
 
 def analyze(jaxpr, in_deps: dict, *, cut: dict | None = None, top_level: bool = True,
-            param_names: dict | None = None) -> StepAnalysis:
+            param_names: dict | None = None, through_ops: bool = False) -> StepAnalysis:
     """Propagate source dependencies through ``jaxpr``.
 
     in_deps: invar -> deps. cut: var -> source; the var's deps are replaced by that source
     (used to ask "what does the output depend on besides the new hidden state").
     param_names: invar -> parameter name, only used to name weights in errors.
+    through_ops: also follow marked matmuls' inputs (as dense paths): "does this reach that
+    at all", rather than "what do the traces see".
     """
     from jax.extend.core import jaxprs_in_params
     cut = cut or {}
@@ -126,15 +128,23 @@ def analyze(jaxpr, in_deps: dict, *, cut: dict | None = None, top_level: bool = 
         kind = marked_kind(eqn)
         if kind is not None:
             if not top_level:
+                w = eqn.invars[1]
+                wname = None if isinstance(w, Literal) else param_names.get(w)
                 raise CompileError(
-                    f"a weight op ({eqn.params['name']}) is called inside a nested jit/call; call "
-                    "streamtrace.nn.ops at the top level of update() (do not wrap layers in jax.jit)")
+                    f"weight {repr(wname) if wname else 'op'} ({eqn.params['name']}) is called inside a "
+                    "nested jit/call; call streamtrace.nn.ops at the top level of update() (do not wrap "
+                    "layers in jax.jit)")
             op = MarkedOp(len(result.ops), kind, eqn)
             result.ops.append(op)
             d = {("y", op.index): (DIAG, None)}
             if kind == "elementwise":
                 xd = get(op.x)
                 _merge(d, xd, None if _shape(op.x) == _shape(op.y) else f"broadcast into {eqn.params['name']}")
+            elif through_ops:
+                w = op.w
+                wname = None if isinstance(w, Literal) else param_names.get(w)
+                label = f"the input of weight op '{wname}'" if wname else eqn.params["name"]
+                _merge(d, {src: (DENSE, label) for src in get(op.x)})
             put(op.y, d)
             continue
 
@@ -147,21 +157,24 @@ def analyze(jaxpr, in_deps: dict, *, cut: dict | None = None, top_level: bool = 
                     reads = sorted(param_names[v] for v in eqn.invars if not isinstance(v, Literal) and v in param_names)
                     hint = f" (the loop reads parameters: {', '.join(reads)})" if reads else ""
                     raise CompileError(
-                        f"a weight op ({found}) sits inside a `{name}`{hint}. Eligibility traces need "
-                        "each weight op exactly once per step: unroll the loop in update(), or move "
-                        "the weight out of it.")
+                        f"a weight op ({found}) sits inside control flow `{name}`{hint}. Eligibility "
+                        "traces need each weight op exactly once per step: unroll the loop (or branch) "
+                        "in update(), or move the weight out of it.")
             d = {}
-            for v in eqn.invars:
-                _merge(d, get(v), name)
+            for v in eqn.invars:  # conservatively: control flow may mix neurons
+                _merge(d, get(v), f"{name} (control flow, treated as mixing neurons)")
             for v in eqn.outvars:
                 put(v, dict(d))
             continue
 
-        if name in ("jit", "pjit", "closed_call", "core_call", "remat", "checkpoint"):
+        if name in CALL_PRIMITIVES and not name.startswith("custom"):
             sub = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
             sub_jaxpr = getattr(sub, "jaxpr", sub)
             sub_in = {sv: get(v) for sv, v in zip(sub_jaxpr.invars, eqn.invars)}
-            sub_res = analyze(sub_jaxpr, sub_in, top_level=False)
+            sub_names = {sv: param_names[v] for sv, v in zip(sub_jaxpr.invars, eqn.invars)
+                         if not isinstance(v, Literal) and v in param_names}
+            sub_res = analyze(sub_jaxpr, sub_in, top_level=False, param_names=sub_names,
+                              through_ops=through_ops)
             for v, sv in zip(eqn.outvars, sub_jaxpr.outvars):
                 put(v, dict(sub_res.deps.get(sv, {})) if not isinstance(sv, Literal) else {})
             continue

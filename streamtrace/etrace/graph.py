@@ -302,15 +302,17 @@ def compile_graph(model, *example_args) -> ETraceGraph:
                     f"parameter '{p}' carries an eligibility trace but is also used by `{where}`; that path "
                     "would get no gradient. Use each traced weight in exactly one weight op.")
 
-    # --- output must reach traced weights and old hidden values only through the new hidden state
+    # --- output must reach traced weights and old hidden values only through the new hidden
+    # state; follow every path here, including through the inputs of instant (readout) ops
     cut = {v: ("hn", i) for i, v in enumerate(hidden_outvars) if not isinstance(v, Literal)}
-    out_res = analyze(jaxpr, in_deps, cut=cut, param_names=var_param)
+    out_res = analyze(jaxpr, in_deps, cut=cut, param_names=var_param, through_ops=True)
     for ov in jaxpr.outvars[:n_out]:
         for src in ({} if isinstance(ov, Literal) else out_res.deps.get(ov, {})):
             if src[0] == "h":
                 raise CompileError(
                     f"the model output depends on the previous value of hidden state '{H[src[1]]}' other "
-                    "than through its new value; compute the output from the updated state")
+                    "than through its new value (e.g. a readout of the state before the update); "
+                    "compute the output from the updated state")
             if src[0] == "y" and relations[src[1]].traced:
                 r = relations[src[1]]
                 raise CompileError(
@@ -318,12 +320,26 @@ def compile_graph(model, *example_args) -> ETraceGraph:
                     f"hidden group '{groups[r.group].name}'; compute the output from the updated state "
                     "(spiking layers: apply the reset at the start of the next step)")
 
+    # --- instant ops whose output still reaches a hidden state, through another op's input
+    full = analyze(jaxpr, in_deps, param_names=var_param, through_ops=True)
+    indirect = {}
+    for i, v in enumerate(hidden_outvars):
+        for src, (_, why) in ({} if isinstance(v, Literal) else full.deps.get(v, {})).items():
+            if src[0] == "y" and not relations[src[1]].traced:
+                indirect.setdefault(src[1], (H[i], why))
+
     for r in relations:
         shape = f"{r.kind}, x{r.x_shape} -> y{r.y_shape}"
         if r.traced:
             g = groups[r.group]
             verdict = f"eligibility trace ({shape}) into group '{g.name}' (S={g.size})"
             reason = "its output drives that group element-wise; paths through other weight ops are cut"
+        elif r.index in indirect:
+            h, via = indirect[r.index]
+            verdict = f"one-step gradient ({shape})"
+            reason = (f"its output reaches hidden state '{h}' only through {via}, a path the traces cut; "
+                      "it gets dL_t/dW by backprop through the current step, without the history "
+                      "(exact RTRL includes it)")
         else:
             verdict = f"instant ({shape})"
             reason = ("its output reaches no hidden state (e.g. a readout); it gets the exact dL_t/dW "

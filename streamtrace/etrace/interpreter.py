@@ -14,7 +14,7 @@ from ..nn.ops import MARKED_OPS
 
 __all__ = ["eval_jaxpr", "marked_kind", "CALL_PRIMITIVES"]
 
-CALL_PRIMITIVES = ("jit", "pjit", "closed_call", "core_call", "remat", "checkpoint",
+CALL_PRIMITIVES = ("jit", "pjit", "closed_call", "core_call", "remat", "remat2", "checkpoint",
                    "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr")
 
 
