@@ -15,10 +15,24 @@ __all__ = ["D_RTRL"]
 
 
 def decay_diag(D, e):
-    """Apply each neuron's S x S Jacobian to its trace: (..., O, S, S) x (..., [I,] O, S)."""
+    """Apply each neuron's S x S Jacobian to its trace: (..., O, S, S) x (..., [I,] O, S).
+
+    Written as broadcast-multiply-sum, not einsum: on CPU an einsum here lowers to a batched
+    dot with transposes, which XLA then fuses badly into the packed state update.
+    """
     if e.ndim == D.ndim:  # (..., I, O, S): one trace per input unit
-        return jnp.einsum("...ost,...iot->...ios", D, e)
-    return jnp.einsum("...ost,...ot->...os", D, e)
+        D = D[..., None, :, :, :]
+    if D.shape[-1] == 1:
+        return D[..., 0] * e
+    return jnp.sum(D * e[..., None, :], axis=-1)
+
+
+def contract(g, e):
+    """Sum over batch axes and s of g (..., O, S) * e (..., [I,] O, S) -> ([I,] O)."""
+    batch_axes = tuple(range(g.ndim - 2))
+    if e.ndim > g.ndim:
+        g = g[..., None, :, :]
+    return jnp.sum(jnp.sum(g * e, axis=-1), axis=batch_axes)
 
 
 class D_RTRL(ETraceVjpAlgorithm):
@@ -54,9 +68,7 @@ class D_RTRL(ETraceVjpAlgorithm):
         grads = {}
         for r in self.graph.traced_relations:
             gg = g[r.group]
-            e = traces[f"eps.{r.weight}"]
-            spec = "...os,...ios->io" if r.kind == "matmul" else "...os,...os->o"
-            grads[r.weight] = jnp.einsum(spec, gg, e)
+            grads[r.weight] = contract(gg, traces[f"eps.{r.weight}"])
             if r.bias:
-                grads[r.bias] = jnp.einsum("...os,...os->o", gg, traces[f"eps.{r.bias}"])
+                grads[r.bias] = contract(gg, traces[f"eps.{r.bias}"])
         return grads

@@ -1,9 +1,13 @@
-"""Named state <-> a few flat buffers.
+"""Named state <-> a few packed buffers.
 
 Every array leaf crossing a jitted call costs about a microsecond on a small CPU, so the
-learner's state (dozens of named arrays) crosses as one 1-D buffer per dtype. Names, shapes
-and offsets are static (a ``Layout``); unpacking inside the compiled step is slicing, which
-XLA fuses away.
+learner's state (dozens of named arrays) crosses as one buffer per dtype. Names, shapes and
+offsets are static (a ``Layout``); unpacking inside the compiled step is slicing.
+
+Buffers are 2-D, (rows, width), each leaf a block of whole rows, with the width chosen to
+match the trailing size of the big leaves (usually the hidden size). Measured on a 2-vCPU
+CPU: writing a (66, 64) trace update into a 1-D buffer costs 2.5x more than into a 2-D one,
+because XLA's CPU loop emitter must recover every multi-dimensional index by division.
 """
 from __future__ import annotations
 
@@ -32,7 +36,8 @@ def path_name(keypath) -> str:
 class _Slot:
     name: str
     buffer: int
-    offset: int
+    row: int      # first row of the block
+    rows: int
     shape: tuple
     dtype: np.dtype
 
@@ -41,24 +46,49 @@ class _Slot:
         return int(np.prod(self.shape, dtype=np.int64))
 
 
+def _trailing_products(shape):
+    out, p = [], 1
+    for d in reversed(shape):
+        p *= d
+        out.append(p)
+    return out
+
+
+def choose_width(shapes, lo=8, hi=4096) -> int:
+    """The row width that lets the most elements map to rows without index arithmetic."""
+    score = {}
+    for shape in shapes:
+        size = int(np.prod(shape, dtype=np.int64))
+        for w in set(_trailing_products(shape)):
+            if lo <= w <= hi:
+                score[w] = score.get(w, 0) + size
+    return max(score, key=lambda w: (score[w], w)) if score else lo
+
+
 class Layout:
-    """Static description of a pytree of arrays as flat per-dtype buffers."""
+    """Static description of a pytree of arrays as per-dtype (rows, width) buffers."""
 
     def __init__(self, tree):
         leaves, self.treedef = jax.tree_util.tree_flatten_with_path(tree)
         self.dtypes: list[np.dtype] = []
-        sizes: list[int] = []
-        self.slots: list[_Slot] = []
+        groups: list[list] = []
         for kp, leaf in leaves:
             dt = np.dtype(jnp.asarray(leaf).dtype)
             if dt not in self.dtypes:
                 self.dtypes.append(dt)
-                sizes.append(0)
+                groups.append([])
+            groups[self.dtypes.index(dt)].append(tuple(np.shape(leaf)))
+        self.widths = tuple(choose_width(g) for g in groups)
+        rows = [0] * len(self.dtypes)
+        self.slots: list[_Slot] = []
+        for kp, leaf in leaves:
+            dt = np.dtype(jnp.asarray(leaf).dtype)
             b = self.dtypes.index(dt)
-            slot = _Slot(path_name(kp), b, sizes[b], tuple(np.shape(leaf)), dt)
-            sizes[b] += slot.size
-            self.slots.append(slot)
-        self.sizes = tuple(sizes)
+            size = int(np.prod(np.shape(leaf), dtype=np.int64))
+            n_rows = max(1, -(-size // self.widths[b]))
+            self.slots.append(_Slot(path_name(kp), b, rows[b], n_rows, tuple(np.shape(leaf)), dt))
+            rows[b] += n_rows
+        self.shapes = tuple((r, w) for r, w in zip(rows, self.widths))
         names = [s.name for s in self.slots]
         if len(set(names)) != len(names):
             raise ValueError("state names must be unique")
@@ -67,27 +97,44 @@ class Layout:
     def names(self) -> tuple[str, ...]:
         return tuple(s.name for s in self.slots)
 
+    def _block(self, slot, leaf):
+        w = self.widths[slot.buffer]
+        flat = jnp.ravel(jnp.asarray(leaf, slot.dtype))
+        pad = slot.rows * w - slot.size
+        if pad:
+            flat = jnp.pad(flat, (0, pad))
+        return flat.reshape(slot.rows, w)
+
     def pack(self, tree) -> tuple:
-        """Inside or outside jit: tree -> tuple of 1-D buffers."""
+        """Inside or outside jit: tree -> tuple of (rows, width) buffers."""
         leaves = self.treedef.flatten_up_to(tree)
         parts = [[] for _ in self.dtypes]
         for slot, leaf in zip(self.slots, leaves):
-            parts[slot.buffer].append(jnp.ravel(jnp.asarray(leaf, slot.dtype)))
-        return tuple(jnp.concatenate(p) if p else jnp.zeros((0,), dt) for p, dt in zip(parts, self.dtypes))
+            parts[slot.buffer].append(self._block(slot, leaf))
+        return tuple(jnp.concatenate(p, axis=0) for p in parts)
+
+    def _view(self, buf, slot):
+        block = buf[slot.row:slot.row + slot.rows]
+        if slot.rows * buf.shape[1] == slot.size:
+            return block.reshape(slot.shape)
+        return block.reshape(-1)[:slot.size].reshape(slot.shape)
 
     def unpack(self, buffers):
-        leaves = [buffers[s.buffer][s.offset:s.offset + s.size].reshape(s.shape) for s in self.slots]
+        leaves = [self._view(buffers[s.buffer], s) for s in self.slots]
         return jax.tree_util.tree_unflatten(self.treedef, leaves)
 
     def to_named(self, buffers) -> dict:
         """Host copy as {name: numpy array} (for checkpoints and inspection)."""
         host = [np.asarray(b) for b in buffers]
-        return {s.name: host[s.buffer][s.offset:s.offset + s.size].reshape(s.shape).copy() for s in self.slots}
+        return {s.name: np.array(self._view(host[s.buffer], s)) for s in self.slots}
 
     def from_named(self, named: dict) -> tuple:
-        host = [np.zeros(n, dt) for n, dt in zip(self.sizes, self.dtypes)]
+        host = [np.zeros(shape, dt) for shape, dt in zip(self.shapes, self.dtypes)]
         for s in self.slots:
-            host[s.buffer][s.offset:s.offset + s.size] = np.asarray(named[s.name], s.dtype).ravel()
+            w = self.widths[s.buffer]
+            flat = np.zeros(s.rows * w, s.dtype)
+            flat[:s.size] = np.asarray(named[s.name], s.dtype).ravel()
+            host[s.buffer][s.row:s.row + s.rows] = flat.reshape(s.rows, w)
         return tuple(jnp.asarray(h) for h in host)
 
     def signature(self) -> list:

@@ -1,0 +1,156 @@
+"""Checkpoint files: named arrays + a JSON header in one ``.npz``, written atomically.
+
+No pickle: arrays are stored as plain ``.npy`` members (loaded with allow_pickle=False) and
+the header (format version, model/algorithm signature, checksum) as UTF-8 JSON bytes. A file
+is written to a temporary name in the same folder, fsynced, then renamed over the target, so
+a crash mid-write never leaves a half-written checkpoint under the real name.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+import tempfile
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["CheckpointError", "write_checkpoint", "read_checkpoint", "CheckpointDir"]
+
+FORMAT = "streamtrace-checkpoint"
+VERSION = 1
+_META = "__meta__"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is unreadable, corrupted, or belongs to a different model."""
+
+
+def _digest(arrays: dict) -> str:
+    h = hashlib.sha256()
+    for name in sorted(arrays):
+        a = np.ascontiguousarray(arrays[name])
+        h.update(name.encode())
+        h.update(a.dtype.str.encode())
+        h.update(repr(a.shape).encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def write_checkpoint(path, arrays: dict, signature: dict, extra: dict | None = None) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if any(n == _META for n in arrays):
+        raise ValueError(f"'{_META}' is reserved")
+    header = {"format": FORMAT, "version": VERSION, "signature": signature,
+              "sha256": _digest(arrays), "extra": extra or {}}
+    buf = io.BytesIO()
+    np.savez(buf, **{_META: np.frombuffer(json.dumps(header).encode(), np.uint8)}, **arrays)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(buf.getvalue())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+    return path
+
+
+def read_checkpoint(path, expect_signature: dict | None = None) -> tuple[dict, dict]:
+    """Returns (arrays, header). Raises CheckpointError naming what is wrong."""
+    path = Path(path)
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            names = list(z.files)
+            if _META not in names:
+                raise CheckpointError(f"{path}: not a streamtrace checkpoint (no header)")
+            header = json.loads(bytes(z[_META]).decode())
+            arrays = {n: z[n] for n in names if n != _META}
+    except CheckpointError:
+        raise
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError, json.JSONDecodeError, KeyError) as e:
+        raise CheckpointError(f"{path}: unreadable or truncated checkpoint ({type(e).__name__}: {e})") from e
+    if header.get("format") != FORMAT or header.get("version") != VERSION:
+        raise CheckpointError(f"{path}: unsupported checkpoint format {header.get('format')!r} "
+                              f"version {header.get('version')!r} (expected {FORMAT!r} v{VERSION})")
+    if _digest(arrays) != header.get("sha256"):
+        raise CheckpointError(f"{path}: checksum mismatch, the file is corrupted")
+    if expect_signature is not None:
+        diffs = signature_diff(expect_signature, header.get("signature", {}))
+        if diffs:
+            raise CheckpointError(f"{path}: checkpoint is from a different model/learner: " + "; ".join(diffs))
+    return arrays, header
+
+
+def signature_diff(want: dict, got: dict, limit: int = 6) -> list[str]:
+    diffs = []
+    for k in sorted(set(want) | set(got)):
+        if k == "state":
+            continue
+        if want.get(k) != got.get(k):
+            diffs.append(f"{k}: expected {want.get(k)!r}, checkpoint has {got.get(k)!r}")
+    ws = {n: (s, d) for n, s, d in want.get("state", [])}
+    gs = {n: (s, d) for n, s, d in got.get("state", [])}
+    for n in sorted(set(ws) - set(gs)):
+        diffs.append(f"state '{n}' missing from the checkpoint")
+    for n in sorted(set(gs) - set(ws)):
+        diffs.append(f"checkpoint has unexpected state '{n}'")
+    for n in sorted(set(ws) & set(gs)):
+        if ws[n] != gs[n]:
+            diffs.append(f"state '{n}': expected shape/dtype {ws[n]}, checkpoint has {gs[n]}")
+    if len(diffs) > limit:
+        diffs = diffs[:limit] + [f"... and {len(diffs) - limit} more"]
+    return diffs
+
+
+class CheckpointDir:
+    """Numbered checkpoints ``ckpt-<step>.npz`` in one folder, keeping the newest ``keep``."""
+
+    PATTERN = re.compile(r"^ckpt-(\d+)\.npz$")
+
+    def __init__(self, folder, keep: int = 3):
+        if keep < 1:
+            raise ValueError("keep must be >= 1")
+        self.folder, self.keep = Path(folder), keep
+
+    def paths(self) -> list[Path]:
+        if not self.folder.exists():
+            return []
+        found = [(int(m.group(1)), p) for p in self.folder.iterdir() if (m := self.PATTERN.match(p.name))]
+        return [p for _, p in sorted(found)]
+
+    def save(self, step: int, arrays: dict, signature: dict, extra: dict | None = None) -> Path:
+        path = write_checkpoint(self.folder / f"ckpt-{step:012d}.npz", arrays, signature, extra)
+        for old in self.paths()[:-self.keep]:
+            old.unlink(missing_ok=True)
+        return path
+
+    def latest_good(self, expect_signature: dict | None = None):
+        """(path, arrays, header) of the newest readable checkpoint, or None; with the
+        errors of newer unreadable ones. A mismatching signature is not skipped: it raises."""
+        errors = []
+        for path in reversed(self.paths()):
+            try:
+                arrays, header = read_checkpoint(path)
+            except CheckpointError as e:
+                errors.append(str(e))
+                continue
+            if expect_signature is not None:
+                diffs = signature_diff(expect_signature, header.get("signature", {}))
+                if diffs:
+                    raise CheckpointError(f"{path}: checkpoint is from a different model/learner: "
+                                          + "; ".join(diffs))
+            return path, arrays, header, errors
+        return None, None, None, errors

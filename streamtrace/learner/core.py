@@ -1,0 +1,312 @@
+"""OnlineLearner: a model, an eligibility-trace algorithm, a loss and an optax optimizer,
+compiled into one step function whose state crosses the call as a few packed buffers."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import brainstate
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from .algorithms import make_algorithm
+from .checkpoint import CheckpointDir, read_checkpoint, write_checkpoint
+from .losses import get_loss
+from .packing import Layout
+from .step import StepConfig, StepFunctions
+
+__all__ = ["OnlineLearner", "StepResult"]
+
+
+@dataclass(frozen=True)
+class StepResult:
+    prediction: np.ndarray   # (slots, *out) or (*out) without slots
+    loss: np.ndarray         # per slot; NaN where the slot did not learn this step
+    applied: bool | np.ndarray  # an optimizer update was applied (per slot with per-slot weights)
+
+
+class OnlineLearner:
+    """Online learning, one step per call.
+
+    >>> learner = OnlineLearner(model, example_x, algorithm="d-rtrl", optimizer=optax.adam(1e-3))
+    >>> result = learner.step(x, y)          # predict x's target, then learn from y
+
+    mode: "supervised" (target with x), "forecast" (x_t is the target of the prediction made at
+    t-1: learn from it, then predict x_{t+1}), "predict" (no learning; state still advances).
+    learn_every=k sums k steps' gradients into one optimizer update. slots=N runs N streams in
+    one call, each with its own hidden state and traces; shared_weights=False gives each slot
+    its own model. Non-finite inputs/losses/gradients never reach the weights: the step is
+    skipped for that slot and counted (``stats()``). clip: global-norm gradient clipping.
+    """
+
+    def __init__(self, model, example_x, *, algorithm="d-rtrl", decay=None, rank=None, signal=None,
+                 loss="mse", optimizer: optax.GradientTransformation | None = None, lr: float = 1e-3,
+                 mode="supervised", learn_every: int = 1, slots: int | None = None,
+                 shared_weights: bool = True, reduce: str = "mean", clip: float | None = None,
+                 batch_size: int | None = None, donate: bool = False):
+        example_x = np.asarray(example_x)
+        if slots is not None and slots < 1:
+            raise ValueError(f"slots must be >= 1; got {slots}")
+        brainstate.nn.init_all_states(model, batch_size)
+        self.model = model
+        self.algo = make_algorithm(algorithm, model, jnp.asarray(example_x), decay=decay, rank=rank,
+                                   signal=signal)
+        opt = optimizer if optimizer is not None else optax.adam(lr)
+        if clip is not None:
+            opt = optax.chain(optax.clip_by_global_norm(clip), opt)
+        self.cfg = StepConfig(mode, learn_every, reduce)
+        self.fns = StepFunctions(self.algo, get_loss(loss), opt, self.cfg)
+        out = self.algo.graph.out_struct
+        if not hasattr(out, "shape"):
+            raise ValueError("the model must return one array (the prediction)")
+        self.x_shape, self.x_dtype = tuple(example_x.shape), example_x.dtype
+        self.out_shape = tuple(out.shape)
+        if mode == "forecast" and self.out_shape != self.x_shape:
+            raise ValueError(f"forecast mode predicts the next input: the model output {self.out_shape} "
+                             f"must have the input's shape {self.x_shape}")
+        self.slots, self.n = slots, slots or 1
+        self.per_slot = slots is not None and not shared_weights
+        self.donate = donate
+        self._signature_extra = {"algorithm": self.algo.name, "decay": getattr(self.algo, "decay", None),
+                                 "mode": mode, "learn_every": learn_every, "slots": slots,
+                                 "shared_weights": bool(shared_weights) or slots is None, "reduce": reduce,
+                                 "x_shape": list(self.x_shape), "out_shape": list(self.out_shape),
+                                 "params": sorted(self.algo.graph.param_names)}
+        state0 = self._init_state()
+        self.layout = Layout(state0)
+        self._init_buffers = self.layout.pack(state0)
+        self.buffers = self._init_buffers
+        self._compiled = {}
+        self._ones = np.ones(self.n, bool)
+        self._no_target = np.zeros((self.n,) + self.out_shape if slots else self.out_shape, np.float32)
+
+    # ---- state ------------------------------------------------------------------------
+    def _init_state(self):
+        if not self.per_slot:
+            return self.fns.init(self.n, self.x_shape, self.x_dtype)
+        one = self.fns.init(1, self.x_shape, self.x_dtype)
+        return jax.tree_util.tree_map(lambda v: jnp.broadcast_to(v, (self.n,) + v.shape), one)
+
+    def state_dict(self) -> dict:
+        """The whole learner state as ``{readable name: numpy array}``; the packed weight
+        block and the optimizer state over it are split back into per-parameter names."""
+        return self._expand(self.layout.to_named(self.buffers))
+
+    def load_state_dict(self, named: dict):
+        compact = self._collapse(named)
+        missing = set(self.layout.names) - set(compact)
+        if missing:
+            raise KeyError(f"state is missing {sorted(missing)[:5]}")
+        for s in self.layout.slots:
+            if tuple(np.shape(compact[s.name])) != s.shape:
+                raise ValueError(f"state '{s.name}' has shape {np.shape(compact[s.name])}, expected {s.shape}")
+        self.buffers = self.layout.from_named(compact)
+
+    def _is_block(self, name, value):
+        blk = self.fns.param_layout.shapes[0]
+        return (name == "params" or name == "acc" or name.startswith("opt")) and \
+            tuple(np.shape(value)[-2:]) == blk
+
+    def _expand(self, named):
+        out = {}
+        pl = self.fns.param_layout
+        for name, v in named.items():
+            if not self._is_block(name, v):
+                out[name] = v
+                continue
+            lead = v.shape[:-2]
+            flat = v.reshape(lead + (-1,))
+            for slot in pl.slots:
+                start = slot.row * pl.widths[0]
+                out[f"{name}.{slot.name}"] = flat[..., start:start + slot.size].reshape(lead + slot.shape)
+        return out
+
+    def _collapse(self, named):
+        pl = self.fns.param_layout
+        out = {}
+        for s in self.layout.slots:
+            if s.name in named:
+                out[s.name] = named[s.name]
+            elif all(f"{s.name}.{p.name}" in named for p in pl.slots):
+                lead = s.shape[:-2]
+                flat = np.zeros(lead + (int(np.prod(s.shape[-2:])),), s.dtype)
+                for p in pl.slots:
+                    start = p.row * pl.widths[0]
+                    flat[..., start:start + p.size] = np.asarray(named[f"{s.name}.{p.name}"]).reshape(lead + (-1,))
+                out[s.name] = flat.reshape(s.shape)
+        return out
+
+    @property
+    def params(self) -> dict:
+        """Current weights, ``{parameter name: numpy array}`` (per-slot weights: slot axis first)."""
+        named = self.state_dict()
+        return {k[len("params."):]: v for k, v in named.items() if k.startswith("params.")}
+
+    def stats(self) -> dict:
+        """Counters (summed over slots with per-slot weights) and per-slot prequential loss."""
+        from .step import COUNTERS
+        named = self.layout.to_named(self.buffers)
+        counters = named["stats.counters"].reshape(-1, len(COUNTERS))
+        out = {name: int(counters[:, i].sum()) for i, name in enumerate(COUNTERS) if name != "since_update"}
+        if self.per_slot:
+            out["step"] = int(counters[:, 0].max())
+        n = np.maximum(named["stats.preq_n"], 1)
+        out["prequential_loss"] = (named["stats.preq_sum"] / n).reshape(-1)
+        return out
+
+    # ---- the compiled step ------------------------------------------------------------
+    def _core(self, state, x, y, active):
+        """One step on named state; x/y/active carry the slot axis (size N)."""
+        if not self.per_slot:
+            return self.fns.step(state, x, y, active)
+
+        def one(s, x, y, a):
+            s, out, loss, applied = self.fns.step(s, x[None], y[None], a[None])
+            return s, out[0], loss[0], applied
+        return jax.vmap(one)(state, x, y, active)
+
+    def _pack_out(self, out, loss, applied):
+        return jnp.concatenate([jnp.ravel(out).astype(jnp.float32), loss.astype(jnp.float32),
+                                jnp.ravel(applied).astype(jnp.float32)])
+
+    def _fn(self, k: int | None):
+        """The pure packed step: (buffers, x, y, active) -> (buffers, out vector).
+        k=None: one step; k: a scan over k pending steps (micro-batching)."""
+        layout, squeeze = self.layout, self.slots is None
+
+        def single(state, x, y, active):
+            if squeeze:
+                x, y = x[None], y[None]
+            state, out, loss, applied = self._core(state, x, y, active)
+            return state, self._pack_out(out[0] if squeeze else out, loss, applied)
+
+        def fn(buffers, x, y, active):
+            state = layout.unpack(buffers)
+            if k is None:
+                state, vec = single(state, x, y, active)
+            else:
+                state, vecs = jax.lax.scan(lambda s, xs: single(s, *xs), state, (x, y, active))
+                vec = jnp.ravel(vecs)
+            return layout.pack(state), vec
+        return fn
+
+    def compiled(self, k: int | None = None):
+        """The AOT-compiled packed step (cached per micro-batch size)."""
+        if k not in self._compiled:
+            fn = jax.jit(self._fn(k), donate_argnums=(0,) if self.donate else ())
+            x, y, a = self._example_inputs(k)
+            self._compiled[k] = fn.lower(self.buffers, x, y, a).compile()
+        return self._compiled[k]
+
+    def _example_inputs(self, k):
+        lead = () if k is None else (k,)
+        slot = () if self.slots is None else (self.n,)
+        x = np.zeros(lead + slot + self.x_shape, self.x_dtype)
+        y = np.zeros(lead + slot + self.out_shape, np.float32)
+        return x, y, np.ones(lead + (self.n,), bool)
+
+    def pure_step(self):
+        """The step as a pure function of the named state tree (for tests and composition)."""
+        def step(state, x, y=None, active=None):
+            y = jnp.zeros(jnp.shape(x)[:-len(self.x_shape)] + self.out_shape) if y is None else y
+            active = jnp.ones(self.n, bool) if active is None else active
+            squeeze = self.slots is None
+            xs, ys = (x[None], y[None]) if squeeze else (x, y)
+            state, out, loss, applied = self._core(state, xs, ys, active)
+            return state, (out[0] if squeeze else out), loss, applied
+        return step
+
+    # ---- calls ------------------------------------------------------------------------
+    def _check(self, x, y, lead=()):
+        x = np.asarray(x, self.x_dtype)
+        want = lead + (() if self.slots is None else (self.n,)) + self.x_shape
+        if x.shape != want:
+            raise ValueError(f"x has shape {x.shape}, expected {want}")
+        if y is None:
+            if self.cfg.mode == "supervised":
+                raise ValueError("supervised mode needs a target with every x")
+            y = self._no_target if not lead else np.zeros(lead + self._no_target.shape, np.float32)
+        else:
+            y = np.asarray(y, np.float32)
+            want = lead + (() if self.slots is None else (self.n,)) + self.out_shape
+            if y.shape != want:
+                raise ValueError(f"target has shape {y.shape}, expected {want}")
+        return x, y
+
+    def _active(self, active, lead=()):
+        if active is None:
+            return self._ones if not lead else np.ones(lead + (self.n,), bool)
+        active = np.asarray(active, bool)
+        if active.shape != lead + (self.n,):
+            raise ValueError(f"active has shape {active.shape}, expected {lead + (self.n,)}")
+        return active
+
+    def step(self, x, target=None, active=None) -> StepResult:
+        """One step. Without slots: x of the example's shape. With slots: (N, *shape)."""
+        x, y = self._check(x, target)
+        self.buffers, vec = self.compiled()(self.buffers, x, y, self._active(active))
+        return self._decode(np.asarray(vec))
+
+    def step_many(self, xs, targets=None, active=None) -> list[StepResult]:
+        """k pending steps in one call (a scan): the same result as k calls to ``step``."""
+        xs = np.asarray(xs)
+        k = xs.shape[0]
+        xs, ys = self._check(xs, targets, lead=(k,))
+        self.buffers, vec = self.compiled(k)(self.buffers, xs, ys, self._active(active, lead=(k,)))
+        per = np.asarray(vec).reshape(k, -1)
+        return [self._decode(v) for v in per]
+
+    def _decode(self, vec) -> StepResult:
+        n_out = int(np.prod(self.out_shape)) * (1 if self.slots is None else self.n)
+        pred_shape = self.out_shape if self.slots is None else (self.n,) + self.out_shape
+        pred = vec[:n_out].reshape(pred_shape)
+        loss = vec[n_out:n_out + self.n]
+        applied = vec[n_out + self.n:] > 0.5
+        return StepResult(pred, loss, applied if self.per_slot else bool(applied[0]))
+
+    def reset_slot(self, slot: int):
+        """A stream left and another joins: fresh hidden state and traces for ``slot`` (and,
+        with per-slot weights, fresh weights); other slots are untouched."""
+        if self.slots is None:
+            raise ValueError("reset_slot needs a learner with slots")
+        if not 0 <= slot < self.n:
+            raise IndexError(f"slot {slot} out of range 0..{self.n - 1}")
+        if "reset" not in self._compiled:
+            init = self.layout.unpack(self._init_buffers)
+            per_slot = self.per_slot
+
+            def reset(buffers, i):
+                state = self.layout.unpack(buffers)
+                if per_slot:
+                    state = jax.tree_util.tree_map(lambda a, b: a.at[i].set(b[i]), state, init)
+                else:
+                    for key in ("hidden", "traces", "pending"):
+                        if key in state:
+                            state[key] = jax.tree_util.tree_map(lambda a, b: a.at[i].set(b[i]),
+                                                                state[key], init[key])
+                    stats = dict(state["stats"])
+                    for key in ("preq_sum", "preq_n"):
+                        stats[key] = stats[key].at[i].set(0)
+                    state["stats"] = stats
+                return self.layout.pack(state)
+            self._compiled["reset"] = jax.jit(reset).lower(self.buffers, np.int32(0)).compile()
+        self.buffers = self._compiled["reset"](self.buffers, np.int32(slot))
+
+    # ---- checkpoints ------------------------------------------------------------------
+    def signature(self) -> dict:
+        return {**self._signature_extra, "state": self.layout.signature()}
+
+    def save(self, path, extra: dict | None = None):
+        """Write the whole state atomically to ``path`` (temp file + fsync + rename)."""
+        return write_checkpoint(path, self.state_dict(), self.signature(), extra)
+
+    def restore(self, path) -> dict:
+        """Load a checkpoint written by ``save``; refuses other models or corrupted files."""
+        arrays, header = read_checkpoint(path, expect_signature=self.signature())
+        self.load_state_dict(arrays)
+        return header
+
+    def checkpoints(self, folder, keep: int = 3) -> CheckpointDir:
+        return CheckpointDir(folder, keep)
+
