@@ -61,7 +61,7 @@ class OnlineLearner:
         if not hasattr(out, "shape"):
             raise ValueError("the model must return one array (the prediction)")
         self.x_shape, self.x_dtype = tuple(example_x.shape), example_x.dtype
-        self.out_shape = tuple(out.shape)
+        self.out_shape, self.y_dtype = tuple(out.shape), np.dtype(out.dtype)
         if mode == "forecast" and self.out_shape != self.x_shape:
             raise ValueError(f"forecast mode predicts the next input: the model output {self.out_shape} "
                              f"must have the input's shape {self.x_shape}")
@@ -79,7 +79,7 @@ class OnlineLearner:
         self.buffers = self._init_buffers
         self._compiled = {}
         self._ones = np.ones(self.n, bool)
-        self._no_target = np.zeros((self.n,) + self.out_shape if slots else self.out_shape, np.float32)
+        self._no_target = np.zeros((self.n,) + self.out_shape if slots else self.out_shape, self.y_dtype)
 
     # ---- state ------------------------------------------------------------------------
     def _init_state(self):
@@ -167,8 +167,8 @@ class OnlineLearner:
         return jax.vmap(one)(state, x, y, active)
 
     def _pack_out(self, out, loss, applied):
-        return jnp.concatenate([jnp.ravel(out).astype(jnp.float32), loss.astype(jnp.float32),
-                                jnp.ravel(applied).astype(jnp.float32)])
+        dt = jnp.result_type(out.dtype, jnp.float32)
+        return jnp.concatenate([jnp.ravel(out).astype(dt), loss.astype(dt), jnp.ravel(applied).astype(dt)])
 
     def _fn(self, k: int | None):
         """The pure packed step: (buffers, x, y, active) -> (buffers, out vector).
@@ -203,7 +203,7 @@ class OnlineLearner:
         lead = () if k is None else (k,)
         slot = () if self.slots is None else (self.n,)
         x = np.zeros(lead + slot + self.x_shape, self.x_dtype)
-        y = np.zeros(lead + slot + self.out_shape, np.float32)
+        y = np.zeros(lead + slot + self.out_shape, self.y_dtype)
         return x, y, np.ones(lead + (self.n,), bool)
 
     def pure_step(self):
@@ -226,9 +226,9 @@ class OnlineLearner:
         if y is None:
             if self.cfg.mode == "supervised":
                 raise ValueError("supervised mode needs a target with every x")
-            y = self._no_target if not lead else np.zeros(lead + self._no_target.shape, np.float32)
+            y = self._no_target if not lead else np.zeros(lead + self._no_target.shape, self.y_dtype)
         else:
-            y = np.asarray(y, np.float32)
+            y = np.asarray(y, self.y_dtype)
             want = lead + (() if self.slots is None else (self.n,)) + self.out_shape
             if y.shape != want:
                 raise ValueError(f"target has shape {y.shape}, expected {want}")
