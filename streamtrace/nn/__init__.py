@@ -2,7 +2,8 @@
 from . import ops
 from .layers import DiagRNNCell, GRUCell, Linear, LSTMCell, RNNCell
 from .neurons import ALIF, LIF, LeakyRate, LeakyRateReadout
+from .stacks import STACKS, Stack
 from .surrogate import spike
 
 __all__ = ["ops", "spike", "Linear", "RNNCell", "DiagRNNCell", "GRUCell", "LSTMCell",
-           "LIF", "ALIF", "LeakyRate", "LeakyRateReadout"]
+           "LIF", "ALIF", "LeakyRate", "LeakyRateReadout", "Stack", "STACKS"]

@@ -1,0 +1,91 @@
+"""Benchmark session setup and the results table (median, p99, ratios to the dispatch floor,
+all from one run). Options: --pin-cpu N pins this process to CPU N; --async-dispatch keeps
+jax's asynchronous CPU dispatch (off by default: every step is awaited anyway)."""
+import json
+import os
+import platform
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+RESULTS: list[dict] = []
+
+
+def pytest_addoption(parser):
+    parser.addoption("--pin-cpu", type=int, default=None, help="pin the benchmark process to this CPU")
+    parser.addoption("--async-dispatch", action="store_true", help="keep jax's async CPU dispatch")
+    parser.addoption("--results", default=str(Path(__file__).parent / "results"),
+                     help="folder for results.json / results.md")
+
+
+def pytest_configure(config):
+    import jax
+    if config.getoption("--pin-cpu") is not None:
+        os.sched_setaffinity(0, {config.getoption("--pin-cpu")})
+    if not config.getoption("--async-dispatch"):
+        jax.config.update("jax_cpu_enable_async_dispatch", False)
+
+
+def machine(config) -> str:
+    import jax
+    cpu = "unknown CPU"
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    pin = config.getoption("--pin-cpu")
+    return (f"{cpu}, {os.cpu_count()} vCPU, Python {platform.python_version()}, jax {jax.__version__}, "
+            f"{'pinned to CPU ' + str(pin) if pin is not None else 'unpinned'}, "
+            f"{'async' if config.getoption('--async-dispatch') else 'sync'} dispatch")
+
+
+@pytest.fixture
+def record(benchmark, request):
+    """Run ``fn`` under pytest-benchmark, one call per round, and keep median/p99."""
+    def run(group: str, name: str, fn, *, budget_s: float = 1.5, min_rounds: int = 50, **info):
+        for _ in range(20):
+            fn()
+        import time
+        t0 = time.perf_counter()
+        for _ in range(20):
+            fn()
+        per = (time.perf_counter() - t0) / 20
+        rounds = int(max(min_rounds, min(5000, budget_s / max(per, 1e-7))))
+        benchmark.group = group
+        benchmark.extra_info.update(info)
+        benchmark.pedantic(fn, rounds=rounds, iterations=1, warmup_rounds=10)
+        data = np.asarray(benchmark.stats.stats.data) * 1e6
+        RESULTS.append({"group": group, "name": name, "median_us": float(np.median(data)),
+                        "p99_us": float(np.percentile(data, 99)), "rounds": len(data), **info})
+    return run
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if not RESULTS:
+        return
+    config = session.config
+    floor = next((r for r in RESULTS if r["name"] == "jax dispatch floor"), None)
+    out = Path(config.getoption("--results"))
+    out.mkdir(parents=True, exist_ok=True)
+    lines = [f"Machine: {machine(config)}", "",
+             "| benchmark | median µs | p99 µs | × floor (median) | × reference (median) |",
+             "|---|---:|---:|---:|---:|"]
+    ref = {(r.get("model"), r.get("algorithm"), r.get("slots")): r for r in RESULTS if r["group"] == "reference"}
+    for r in RESULTS:
+        f = f"{r['median_us'] / floor['median_us']:.1f}" if floor else "-"
+        key = (r.get("model"), r.get("algorithm"), r.get("slots"))
+        rr = ref.get(key) if r["group"] != "reference" else None
+        x_ref = f"{r['median_us'] / rr['median_us']:.2f}" if rr else "-"
+        lines.append(f"| {r['name']} | {r['median_us']:.1f} | {r['p99_us']:.1f} | {f} | {x_ref} |")
+    text = "\n".join(lines)
+    (out / "results.md").write_text(text + "\n")
+    (out / "results.json").write_text(json.dumps({"machine": machine(config), "results": RESULTS}, indent=1))
+    tr = config.pluginmanager.get_plugin("terminalreporter")
+    if tr is not None:
+        tr.write_line("")
+        for line in lines:
+            tr.write_line(line)

@@ -1,0 +1,62 @@
+"""Per-step latency of the compiled learner step (forward + traces + gradient + Adam), with
+the jax dispatch floor and, when installed, the reference library measured in the same run."""
+import jax
+import numpy as np
+import optax
+import pytest
+
+import streamtrace as st
+
+try:
+    from reference_braintrace import AVAILABLE as REFERENCE, make_step
+except ImportError:  # the reference is an optional extra
+    REFERENCE = False
+
+N_IN, N_OUT = 4, 1
+MODELS = [("gru", 64), ("gru", 256), ("lif", 256), ("alif", 256)]
+ALGOS = ["d-rtrl", "es-d-rtrl"]
+SLOTS = [None, 64]
+
+
+def test_dispatch_floor(record):
+    f = jax.jit(lambda x: x + 1).lower(np.zeros(N_IN, np.float32)).compile()
+    x = np.zeros(N_IN, np.float32)
+    record("floor", "jax dispatch floor", lambda: np.asarray(f(x)))
+
+
+def _step_fn(kind, hidden, algo, slots):
+    learner = st.OnlineLearner(st.nn.Stack(kind, N_IN, hidden, N_OUT), np.zeros(N_IN, np.float32),
+                               algorithm=algo, optimizer=optax.adam(1e-3), slots=slots)
+    compiled = learner.compiled()
+    lead = () if slots is None else (slots,)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=lead + (N_IN,)).astype(np.float32)
+    y = rng.normal(size=lead + (N_OUT,)).astype(np.float32)
+    active = np.ones(learner.n, bool)
+    box = [learner.buffers]
+
+    def step():
+        box[0], vec = compiled(box[0], x, y, active)
+        return np.asarray(vec)
+    return step
+
+
+@pytest.mark.parametrize("slots", SLOTS, ids=["1slot", "64slots"])
+@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("kind,hidden", MODELS, ids=[f"{k}{h}" for k, h in MODELS])
+def test_learner_step(record, kind, hidden, algo, slots):
+    step = _step_fn(kind, hidden, algo, slots)
+    name = f"streamtrace {kind.upper()}-{hidden} {algo} {slots or 1} slot(s)"
+    record("streamtrace", name, step, model=f"{kind}{hidden}", algorithm=algo, slots=slots or 1)
+
+
+@pytest.mark.skipif(not REFERENCE, reason="reference library braintrace not installed (pip install '.[bench]')")
+@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("kind,hidden", MODELS, ids=[f"{k}{h}" for k, h in MODELS])
+def test_reference_step(record, kind, hidden, algo):
+    try:
+        step, _, _ = make_step(kind, N_IN, hidden, N_OUT, algo)
+    except NotImplementedError as e:
+        pytest.skip(str(e))
+    record("reference", f"braintrace {kind.upper()}-{hidden} {algo} 1 slot", step,
+           model=f"{kind}{hidden}", algorithm=algo, slots=1)

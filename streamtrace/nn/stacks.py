@@ -1,0 +1,53 @@
+"""Built-in model stacks by name: what a config file or the CLI asks for."""
+from __future__ import annotations
+
+import brainstate
+import jax
+
+from .layers import GRUCell, Linear, LSTMCell, RNNCell
+from .neurons import ALIF, LIF, LeakyRate, LeakyRateReadout
+
+__all__ = ["Stack", "STACKS"]
+
+CELLS = {"gru": GRUCell, "lstm": LSTMCell, "rnn": RNNCell}
+NEURONS = {"lif": LIF, "alif": ALIF, "leaky": LeakyRate}
+STACKS = tuple(CELLS) + tuple(NEURONS)
+
+
+class Stack(brainstate.nn.Module):
+    """``kind`` in STACKS, with a readout to ``n_out``.
+
+    Rate cells (gru, lstm, rnn) take the input themselves and read out through a Linear
+    (an instant weight). Neuron groups (lif, alif, leaky) are fed by an input Linear scaled by
+    ``gain`` and read out through a leaky rate readout, which smooths spikes (and whose weight
+    carries a trace). ``readout`` overrides that choice: "linear" or "leaky".
+    """
+
+    def __init__(self, kind: str, n_in: int, n_hidden: int, n_out: int, *, readout: str | None = None,
+                 gain: float = 2.0, seed: int = 0):
+        super().__init__()
+        kind = kind.lower()
+        if kind not in STACKS:
+            raise ValueError(f"unknown stack {kind!r}; choose one of {STACKS}")
+        for name, v in (("n_in", n_in), ("n_hidden", n_hidden), ("n_out", n_out)):
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive integer; got {v!r}")
+        k_in, k_out = jax.random.split(jax.random.PRNGKey(seed))
+        self.kind, self.gain = kind, gain
+        if kind in CELLS:
+            self.inp = None
+            self.cell = CELLS[kind](n_in, n_hidden, key=k_in)
+        else:
+            self.inp = Linear(n_in, n_hidden, key=k_in)
+            self.cell = NEURONS[kind](n_hidden)
+        readout = readout or ("linear" if kind in CELLS else "leaky")
+        if readout == "linear":
+            self.out = Linear(n_hidden, n_out, key=k_out)
+        elif readout == "leaky":
+            self.out = LeakyRateReadout(n_hidden, n_out, key=k_out)
+        else:
+            raise ValueError(f"readout must be 'linear' or 'leaky'; got {readout!r}")
+
+    def update(self, x):
+        h = self.cell(x) if self.inp is None else self.cell(self.inp(x) * self.gain)
+        return self.out(h)
