@@ -18,7 +18,8 @@ test: $(VENV)/.installed
 	$(PY) -m pytest -q
 
 bench: $(VENV)/.installed
-	$(PY) -m pytest -q bench --benchmark-only
+	$(PY) -m pip install --quiet -e '.[test,bench]'
+	$(PY) -m pytest -q bench -p no:cacheprovider --pin-cpu 0
 
 clean:
 	rm -rf $(VENV) build *.egg-info
