@@ -36,7 +36,7 @@ def _step_fn(kind, hidden, algo, slots):
     box = [learner.buffers]
 
     def step():
-        box[0], vec = compiled(box[0], x, y, active)
+        box[0], vec = compiled(box[0], x, y, active, active)
         return np.asarray(vec)
     return step
 

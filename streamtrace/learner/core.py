@@ -156,37 +156,37 @@ class OnlineLearner:
         return out
 
     # ---- the compiled step ------------------------------------------------------------
-    def _core(self, state, x, y, active):
-        """One step on named state; x/y/active carry the slot axis (size N)."""
+    def _core(self, state, x, y, active, learn):
+        """One step on named state; x/y/active/learn carry the slot axis (size N)."""
         if not self.per_slot:
-            return self.fns.step(state, x, y, active)
+            return self.fns.step(state, x, y, active, learn)
 
-        def one(s, x, y, a):
-            s, out, loss, applied = self.fns.step(s, x[None], y[None], a[None])
+        def one(s, x, y, a, l):
+            s, out, loss, applied = self.fns.step(s, x[None], y[None], a[None], l[None])
             return s, out[0], loss[0], applied
-        return jax.vmap(one)(state, x, y, active)
+        return jax.vmap(one)(state, x, y, active, learn)
 
     def _pack_out(self, out, loss, applied):
         dt = jnp.result_type(out.dtype, jnp.float32)
         return jnp.concatenate([jnp.ravel(out).astype(dt), loss.astype(dt), jnp.ravel(applied).astype(dt)])
 
     def _fn(self, k: int | None):
-        """The pure packed step: (buffers, x, y, active) -> (buffers, out vector).
+        """The pure packed step: (buffers, x, y, active, learn) -> (buffers, out vector).
         k=None: one step; k: a scan over k pending steps (micro-batching)."""
         layout, squeeze = self.layout, self.slots is None
 
-        def single(state, x, y, active):
+        def single(state, x, y, active, learn):
             if squeeze:
                 x, y = x[None], y[None]
-            state, out, loss, applied = self._core(state, x, y, active)
+            state, out, loss, applied = self._core(state, x, y, active, learn)
             return state, self._pack_out(out[0] if squeeze else out, loss, applied)
 
-        def fn(buffers, x, y, active):
+        def fn(buffers, x, y, active, learn):
             state = layout.unpack(buffers)
             if k is None:
-                state, vec = single(state, x, y, active)
+                state, vec = single(state, x, y, active, learn)
             else:
-                state, vecs = jax.lax.scan(lambda s, xs: single(s, *xs), state, (x, y, active))
+                state, vecs = jax.lax.scan(lambda s, xs: single(s, *xs), state, (x, y, active, learn))
                 vec = jnp.ravel(vecs)
             return layout.pack(state), vec
         return fn
@@ -196,7 +196,7 @@ class OnlineLearner:
         if k not in self._compiled:
             fn = jax.jit(self._fn(k), donate_argnums=(0,) if self.donate else ())
             x, y, a = self._example_inputs(k)
-            self._compiled[k] = fn.lower(self.buffers, x, y, a).compile()
+            self._compiled[k] = fn.lower(self.buffers, x, y, a, a).compile()
         return self._compiled[k]
 
     def _example_inputs(self, k):
@@ -208,24 +208,25 @@ class OnlineLearner:
 
     def pure_step(self):
         """The step as a pure function of the named state tree (for tests and composition)."""
-        def step(state, x, y=None, active=None):
+        def step(state, x, y=None, active=None, learn=None):
             y = jnp.zeros(jnp.shape(x)[:-len(self.x_shape)] + self.out_shape) if y is None else y
             active = jnp.ones(self.n, bool) if active is None else active
+            learn = jnp.ones(self.n, bool) if learn is None else learn
             squeeze = self.slots is None
             xs, ys = (x[None], y[None]) if squeeze else (x, y)
-            state, out, loss, applied = self._core(state, xs, ys, active)
+            state, out, loss, applied = self._core(state, xs, ys, active, learn)
             return state, (out[0] if squeeze else out), loss, applied
         return step
 
     # ---- calls ------------------------------------------------------------------------
-    def _check(self, x, y, lead=()):
+    def _check(self, x, y, lead=(), learning=True):
         x = np.asarray(x, self.x_dtype)
         want = lead + (() if self.slots is None else (self.n,)) + self.x_shape
         if x.shape != want:
             raise ValueError(f"x has shape {x.shape}, expected {want}")
         if y is None:
-            if self.cfg.mode == "supervised":
-                raise ValueError("supervised mode needs a target with every x")
+            if self.cfg.mode == "supervised" and learning:
+                raise ValueError("supervised mode needs a target with every x (or learn=False)")
             y = self._no_target if not lead else np.zeros(lead + self._no_target.shape, self.y_dtype)
         else:
             y = np.asarray(y, self.y_dtype)
@@ -234,26 +235,29 @@ class OnlineLearner:
                 raise ValueError(f"target has shape {y.shape}, expected {want}")
         return x, y
 
-    def _active(self, active, lead=()):
-        if active is None:
+    def _mask(self, mask, lead=(), name="active"):
+        if mask is None:
             return self._ones if not lead else np.ones(lead + (self.n,), bool)
-        active = np.asarray(active, bool)
-        if active.shape != lead + (self.n,):
-            raise ValueError(f"active has shape {active.shape}, expected {lead + (self.n,)}")
-        return active
+        mask = np.asarray(mask, bool)
+        if mask.shape != lead + (self.n,):
+            raise ValueError(f"{name} has shape {mask.shape}, expected {lead + (self.n,)}")
+        return mask
 
-    def step(self, x, target=None, active=None) -> StepResult:
-        """One step. Without slots: x of the example's shape. With slots: (N, *shape)."""
-        x, y = self._check(x, target)
-        self.buffers, vec = self.compiled()(self.buffers, x, y, self._active(active))
+    def step(self, x, target=None, active=None, learn=None) -> StepResult:
+        """One step. Without slots: x of the example's shape. With slots: (N, *shape).
+        active (N,): which slots advance; learn (N,): which of them learn from this step."""
+        learn = self._mask(learn, name="learn")
+        x, y = self._check(x, target, learning=bool(learn.any()))
+        self.buffers, vec = self.compiled()(self.buffers, x, y, self._mask(active), learn)
         return self._decode(np.asarray(vec))
 
-    def step_many(self, xs, targets=None, active=None) -> list[StepResult]:
+    def step_many(self, xs, targets=None, active=None, learn=None) -> list[StepResult]:
         """k pending steps in one call (a scan): the same result as k calls to ``step``."""
         xs = np.asarray(xs)
         k = xs.shape[0]
-        xs, ys = self._check(xs, targets, lead=(k,))
-        self.buffers, vec = self.compiled(k)(self.buffers, xs, ys, self._active(active, lead=(k,)))
+        learn = self._mask(learn, lead=(k,), name="learn")
+        xs, ys = self._check(xs, targets, lead=(k,), learning=bool(learn.any()))
+        self.buffers, vec = self.compiled(k)(self.buffers, xs, ys, self._mask(active, lead=(k,)), learn)
         per = np.asarray(vec).reshape(k, -1)
         return [self._decode(v) for v in per]
 

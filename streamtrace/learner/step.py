@@ -55,8 +55,9 @@ def _slot_sum(tree):
 
 
 class StepFunctions:
-    """Builds ``step(state, x, target, active) -> (state, prediction, loss, applied)`` for N
-    slots sharing one set of weights; x/target carry the slot axis, active is (N,) bool."""
+    """Builds ``step(state, x, target, active, learn) -> (state, prediction, loss, applied)``
+    for N slots sharing one set of weights; x/target carry the slot axis. ``active`` (N,):
+    the slot advances this step; ``learn`` (N,): it also contributes to the weight update."""
 
     def __init__(self, algo, loss_fn, optimizer: optax.GradientTransformation, cfg: StepConfig):
         if cfg.mode not in MODES:
@@ -95,13 +96,13 @@ class StepFunctions:
         return state
 
     # ---- the step ---------------------------------------------------------------------
-    def step(self, state, x, target, active):
+    def step(self, state, x, target, active, learn):
         mode = self.cfg.mode
         if mode == "predict":
             return self._predict(state, x, active)
         if mode == "forecast":
-            return self._forecast(state, x, active)
-        return self._supervised(state, x, target, active)
+            return self._forecast(state, x, active, learn)
+        return self._supervised(state, x, target, active, learn)
 
     def _weights_of(self, ok):
         if self.cfg.reduce == "mean":
@@ -155,25 +156,28 @@ class StepFunctions:
         stats["preq_n"] = stats["preq_n"] + scored.astype(jnp.int32)
         return {**state, "stats": stats}
 
-    def _supervised(self, state, x, target, active):
-        ok = active & jnp.isfinite(_slot_sum(x)) & jnp.isfinite(_slot_sum(target))
+    def _supervised(self, state, x, target, active, learn):
+        x_ok = active & jnp.isfinite(_slot_sum(x))
+        ok = x_ok & (jnp.isfinite(_slot_sum(target)) | ~learn)
+        learning = ok & learn
         # a bad slot's numbers must not reach the summed gradient, not even as 0 * NaN
-        x, target = jnp.where(_lead(ok, x), x, 0), jnp.where(_lead(ok, target), target, 0)
-        w = self._weights_of(ok)
+        x, target = jnp.where(_lead(ok, x), x, 0), jnp.where(_lead(learning, target), target, 0)
+        w = self._weights_of(learning)
 
         def total(p):
             out, h, tr = self._vstep(p, state["hidden"], state["traces"], x)
             losses = jax.vmap(self.loss_fn)(out, target)
             return jnp.sum(w * losses), (out, h, tr, losses)
         (out, h, tr, losses), grads = self._grad(total, state)
-        ok = ok & jnp.isfinite(losses + _slot_sum(h) + _slot_sum(tr))
+        ok = ok & jnp.isfinite(_slot_sum(h) + _slot_sum(tr)) & (jnp.isfinite(losses) | ~learning)
+        learning = learning & ok
         state = {**state, "hidden": _slot_where(ok, h, state["hidden"]),
                  "traces": _slot_where(ok, tr, state["traces"])}
-        state, applied = self._apply(state, grads, jnp.any(ok))
-        state = self._finish(state, active & ~ok, ok, losses)
-        return state, out, jnp.where(ok, losses, jnp.nan), applied
+        state, applied = self._apply(state, grads, jnp.any(learning))
+        state = self._finish(state, active & ~ok, learning, losses)
+        return state, out, jnp.where(learning, losses, jnp.nan), applied
 
-    def _forecast(self, state, x, active):
+    def _forecast(self, state, x, active, learn):
         """Learn from the prediction made at t-1 (its target is x_t), then predict x_{t+1}.
 
         The state holds where step t-1 began (hidden, traces, x_{t-1}); replaying that step
@@ -182,27 +186,30 @@ class StepFunctions:
         """
         pend = state["pending"]
         x_ok = active & jnp.isfinite(_slot_sum(x))
-        valid = x_ok & (pend["valid"] > 0)
+        has_prev = x_ok & (pend["valid"] > 0)
+        learning = has_prev & learn
         x = jnp.where(_lead(x_ok, x), x, 0)
-        w = self._weights_of(valid)
+        w = self._weights_of(learning)
 
         def total(p):
             out, h, tr = self._vstep(p, state["hidden"], state["traces"], pend["x"])
             losses = jax.vmap(self.loss_fn)(out, x)
             return jnp.sum(w * losses), (h, tr, losses)
         (h1, tr1, losses), grads = self._grad(total, state)
-        valid = valid & jnp.isfinite(losses + _slot_sum(h1) + _slot_sum(tr1))
-        state, applied = self._apply(state, grads, jnp.any(valid))
+        advance = has_prev & jnp.isfinite(_slot_sum(h1) + _slot_sum(tr1))
+        learning = learning & advance & jnp.isfinite(losses)
+        state, applied = self._apply(state, grads, jnp.any(learning))
         # the state at t-1 (replayed), or the held one where there was nothing to replay
-        h_cur = _slot_where(valid, h1, state["hidden"])
-        tr_cur = _slot_where(valid, tr1, state["traces"])
+        h_cur = _slot_where(advance, h1, state["hidden"])
+        tr_cur = _slot_where(advance, tr1, state["traces"])
         pred, _ = self._vplain(self.from_block(state["params"]), h_cur, x)
-        state = {**state, "hidden": _slot_where(x_ok, h_cur, state["hidden"]),
-                 "traces": _slot_where(x_ok, tr_cur, state["traces"]),
-                 "pending": {"x": jnp.where(_lead(x_ok, x), x, pend["x"]),
-                             "valid": jnp.where(x_ok, 1, pend["valid"]).astype(jnp.int32)}}
-        state = self._finish(state, active & ~x_ok, valid, losses)
-        return state, pred, jnp.where(valid, losses, jnp.nan), applied
+        keep = x_ok & (advance | ~has_prev)
+        state = {**state, "hidden": _slot_where(keep, h_cur, state["hidden"]),
+                 "traces": _slot_where(keep, tr_cur, state["traces"]),
+                 "pending": {"x": jnp.where(_lead(keep, x), x, pend["x"]),
+                             "valid": jnp.where(keep, 1, pend["valid"]).astype(jnp.int32)}}
+        state = self._finish(state, active & ~keep, learning, losses)
+        return state, pred, jnp.where(learning, losses, jnp.nan), applied
 
     def _predict(self, state, x, active):
         ok = active & jnp.isfinite(_slot_sum(x))

@@ -1,0 +1,140 @@
+"""The wire protocol: msgpack maps with a version field; arrays as dtype + shape + raw
+little-endian bytes. Never pickle. ``decode_*`` raise ``WireError`` with a stable ``code``
+and a message naming what is wrong; nothing is trusted before it is checked.
+
+Messages (all maps carry ``"v": 1`` and ``"type"``):
+
+    data        sensor -> engine   stream, seq, ts, x, [y], [mode: "learn" | "predict"]
+    prediction  engine -> sensor   stream, seq, pred, loss (or nil), step, version, ts, t_engine
+    error       engine -> sensor   code, message, [stream], [seq]
+    get_weights sensor -> engine   (request/reply only) -> a "weights" snapshot
+    weights     engine -> PUB      version, kind ("snapshot" | "update"), base, params {name: array}
+    stats       engine -> PUB      a map of numbers (see README)
+
+An array is the map {"dtype": "<f4", "shape": [2, 3], "data": <bytes>}.
+"""
+from __future__ import annotations
+
+import math
+
+import msgpack
+import numpy as np
+
+__all__ = ["VERSION", "MAX_MESSAGE_BYTES", "WireError", "encode", "decode", "pack_array", "unpack_array",
+           "data_message", "decode_data", "ALLOWED_DTYPES"]
+
+VERSION = 1
+MAX_MESSAGE_BYTES = 1 << 20          # default size limit for any one message
+MAX_STREAM_ID = 128
+ALLOWED_DTYPES = ("<f4", "<f8", "<f2", "<i4", "<i8", "<i2", "|i1", "|u1", "<u2", "<u4")
+DATA_FIELDS = {"v", "type", "stream", "seq", "ts", "x", "y", "mode"}
+MODES = ("learn", "predict")
+
+
+class WireError(ValueError):
+    """A message that cannot be accepted; ``code`` is a short stable identifier."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+def pack_array(a) -> dict:
+    a = np.asarray(a)
+    le = a.astype(a.dtype.newbyteorder("<"), copy=False) if a.dtype.byteorder == ">" else a
+    return {"dtype": le.dtype.str, "shape": list(le.shape), "data": np.ascontiguousarray(le).tobytes()}
+
+
+def unpack_array(obj, field: str = "array", max_elements: int = 1 << 20) -> np.ndarray:
+    if not isinstance(obj, dict) or set(obj) != {"dtype", "shape", "data"}:
+        raise WireError("bad_array", f"'{field}' must be a map with exactly dtype, shape and data")
+    dtype, shape, data = obj["dtype"], obj["shape"], obj["data"]
+    if not isinstance(dtype, str) or dtype not in ALLOWED_DTYPES:
+        raise WireError("bad_dtype", f"'{field}' has dtype {dtype!r}; allowed: {', '.join(ALLOWED_DTYPES)}")
+    if not isinstance(shape, (list, tuple)) or len(shape) > 8 or not all(
+            isinstance(d, int) and not isinstance(d, bool) and 0 <= d for d in shape):
+        raise WireError("bad_shape", f"'{field}' shape must be a list of at most 8 non-negative integers")
+    n = math.prod(shape)
+    if n > max_elements:
+        raise WireError("too_large", f"'{field}' has {n} elements; the limit is {max_elements}")
+    if not isinstance(data, (bytes, bytearray)):
+        raise WireError("bad_array", f"'{field}' data must be raw bytes")
+    dt = np.dtype(dtype)
+    if len(data) != n * dt.itemsize:
+        raise WireError("bad_array", f"'{field}' has {len(data)} bytes of data; shape {list(shape)} of "
+                                     f"{dtype} needs {n * dt.itemsize}")
+    return np.frombuffer(data, dt).reshape(shape)
+
+
+def encode(msg: dict) -> bytes:
+    return msgpack.packb({"v": VERSION, **msg}, use_bin_type=True)
+
+
+def decode(raw: bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> dict:
+    """Bytes -> a map with a valid version and type. Raises WireError."""
+    if not isinstance(raw, (bytes, bytearray, memoryview)):
+        raise WireError("bad_frame", "message must be bytes")
+    if len(raw) > max_bytes:
+        raise WireError("too_large", f"message is {len(raw)} bytes; the limit is {max_bytes}")
+    try:
+        msg = msgpack.unpackb(raw, raw=False, strict_map_key=True,
+                              max_str_len=max_bytes, max_bin_len=max_bytes, max_array_len=1 << 16,
+                              max_map_len=1 << 12, max_ext_len=0)
+    except Exception as e:  # msgpack raises several types for malformed input
+        raise WireError("not_msgpack", f"message is not valid msgpack ({type(e).__name__})") from None
+    if not isinstance(msg, dict):
+        raise WireError("bad_message", "message must be a msgpack map")
+    if msg.get("v") != VERSION:
+        raise WireError("bad_version", f"unsupported protocol version {msg.get('v')!r}; this engine speaks v{VERSION}")
+    if not isinstance(msg.get("type"), str):
+        raise WireError("bad_message", "message has no 'type'")
+    return msg
+
+
+def data_message(stream: str, seq: int, x, y=None, *, ts: float | None = None, mode: str | None = None) -> bytes:
+    msg = {"type": "data", "stream": stream, "seq": int(seq), "x": pack_array(x)}
+    if ts is not None:
+        msg["ts"] = float(ts)
+    if y is not None:
+        msg["y"] = pack_array(y)
+    if mode is not None:
+        msg["mode"] = mode
+    return encode(msg)
+
+
+def decode_data(msg: dict, x_shape: tuple, y_shape: tuple) -> dict:
+    """Check a decoded 'data' map against the model's shapes; returns a clean dict with
+    float arrays. Raises WireError naming the first problem."""
+    unknown = set(msg) - DATA_FIELDS
+    if unknown:
+        raise WireError("unknown_field", f"unknown field(s) {sorted(map(str, unknown))}; allowed: {sorted(DATA_FIELDS)}")
+    stream = msg.get("stream")
+    if not isinstance(stream, str) or not 0 < len(stream) <= MAX_STREAM_ID or not stream.isprintable():
+        raise WireError("bad_stream", f"'stream' must be a printable string of 1..{MAX_STREAM_ID} characters")
+    seq = msg.get("seq")
+    if not isinstance(seq, int) or isinstance(seq, bool) or not 0 <= seq < 1 << 62:
+        raise WireError("bad_seq", "'seq' must be a non-negative integer")
+    ts = msg.get("ts", 0.0)
+    if not isinstance(ts, (int, float)) or isinstance(ts, bool) or not math.isfinite(ts):
+        raise WireError("bad_ts", "'ts' must be a finite number")
+    mode = msg.get("mode", "learn")
+    if mode not in MODES:
+        raise WireError("bad_mode", f"'mode' must be one of {MODES}; got {mode!r}")
+    if "x" not in msg:
+        raise WireError("missing_field", "data message has no 'x'")
+    x = _checked(unpack_array(msg["x"], "x"), "x", x_shape)
+    y = None
+    if msg.get("y") is not None:
+        y = _checked(unpack_array(msg["y"], "y"), "y", y_shape)
+    return {"stream": stream, "seq": seq, "ts": float(ts), "x": x, "y": y, "mode": mode}
+
+
+def _checked(a: np.ndarray, field: str, shape: tuple) -> np.ndarray:
+    if tuple(a.shape) != tuple(shape):
+        raise WireError("bad_shape", f"'{field}' has shape {list(a.shape)}; the model expects {list(shape)}")
+    if a.dtype.kind not in "fiu":
+        raise WireError("bad_dtype", f"'{field}' must be numeric")
+    a = a.astype(np.float64 if a.dtype == np.float64 else np.float32)
+    if not np.all(np.isfinite(a)):
+        raise WireError("not_finite", f"'{field}' contains NaN or Inf")
+    return a
