@@ -72,7 +72,10 @@ def read_checkpoint(path, expect_signature: dict | None = None) -> tuple[dict, d
     """Returns (arrays, header). Raises CheckpointError naming what is wrong."""
     path = Path(path)
     try:
-        with np.load(path, allow_pickle=False) as z:
+        loaded = np.load(path, allow_pickle=False)
+        if not isinstance(loaded, np.lib.npyio.NpzFile):
+            raise CheckpointError(f"{path}: not a streamtrace checkpoint (a bare .npy array, not an archive)")
+        with loaded as z:
             names = list(z.files)
             if _META not in names:
                 raise CheckpointError(f"{path}: not a streamtrace checkpoint (no header)")
@@ -133,7 +136,12 @@ class CheckpointDir:
 
     def save(self, step: int, arrays: dict, signature: dict, extra: dict | None = None) -> Path:
         path = write_checkpoint(self.folder / f"ckpt-{step:012d}.npz", arrays, signature, extra)
-        for old in self.paths()[:-self.keep]:
+        others = [p for p in self.paths() if p != path]
+        # files numbered at or after this step are stale (left by an earlier run): this state
+        # supersedes them; then keep the newest `keep` including the one just written
+        stale = [p for p in others if int(self.PATTERN.match(p.name).group(1)) >= step]
+        older = [p for p in others if p not in stale]
+        for old in stale + older[:max(0, len(older) - (self.keep - 1))]:
             old.unlink(missing_ok=True)
         return path
 

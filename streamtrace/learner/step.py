@@ -104,10 +104,12 @@ class StepFunctions:
             return self._forecast(state, x, active, learn)
         return self._supervised(state, x, target, active, learn)
 
-    def _weights_of(self, ok):
-        if self.cfg.reduce == "mean":
-            return ok / jnp.maximum(jnp.sum(ok), 1)
-        return ok.astype(jnp.float32)
+    def _weighted(self, losses, learning):
+        """Sum or mean of the slot losses that learn and are finite; a slot whose loss
+        overflowed contributes nothing (its gradient never reaches the shared weights)."""
+        use = learning & jax.lax.stop_gradient(jnp.isfinite(losses))
+        w = use / jnp.maximum(jnp.sum(use), 1) if self.cfg.reduce == "mean" else use.astype(losses.dtype)
+        return jnp.sum(jnp.where(use, w * losses, 0.0))
 
     def _grad(self, total, state):
         """Gradient of total(params dict) w.r.t. the weights, as a block."""
@@ -162,12 +164,11 @@ class StepFunctions:
         learning = ok & learn
         # a bad slot's numbers must not reach the summed gradient, not even as 0 * NaN
         x, target = jnp.where(_lead(ok, x), x, 0), jnp.where(_lead(learning, target), target, 0)
-        w = self._weights_of(learning)
 
         def total(p):
             out, h, tr = self._vstep(p, state["hidden"], state["traces"], x)
             losses = jax.vmap(self.loss_fn)(out, target)
-            return jnp.sum(w * losses), (out, h, tr, losses)
+            return self._weighted(losses, learning), (out, h, tr, losses)
         (out, h, tr, losses), grads = self._grad(total, state)
         ok = ok & jnp.isfinite(_slot_sum(h) + _slot_sum(tr)) & (jnp.isfinite(losses) | ~learning)
         learning = learning & ok
@@ -189,12 +190,11 @@ class StepFunctions:
         has_prev = x_ok & (pend["valid"] > 0)
         learning = has_prev & learn
         x = jnp.where(_lead(x_ok, x), x, 0)
-        w = self._weights_of(learning)
 
         def total(p):
             out, h, tr = self._vstep(p, state["hidden"], state["traces"], pend["x"])
             losses = jax.vmap(self.loss_fn)(out, x)
-            return jnp.sum(w * losses), (h, tr, losses)
+            return self._weighted(losses, learning), (h, tr, losses)
         (h1, tr1, losses), grads = self._grad(total, state)
         advance = has_prev & jnp.isfinite(_slot_sum(h1) + _slot_sum(tr1))
         learning = learning & advance & jnp.isfinite(losses)

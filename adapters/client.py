@@ -1,0 +1,125 @@
+"""Sensor side: send x (and an optional target), get the prediction back.
+
+``SensorClient`` uses a DEALER socket against the engine's ROUTER: ``step()`` sends one step
+and waits for its answer (the lowest-latency path); ``send()`` / ``recv()`` pipeline several.
+``PushClient`` is fire-and-forget against the engine's PULL socket (answers go to the PUB
+socket only). Sequence numbers are kept per stream by the client.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import zmq
+
+from streamtrace import wire
+
+__all__ = ["SensorClient", "PushClient", "EngineError", "Prediction"]
+
+
+class EngineError(RuntimeError):
+    def __init__(self, code: str, message: str, reply: dict):
+        super().__init__(f"{code}: {message}")
+        self.code, self.reply = code, reply
+
+
+class Prediction(dict):
+    """A decoded 'prediction' reply; ``.pred`` is the numpy prediction."""
+
+    @property
+    def pred(self) -> np.ndarray:
+        return self["pred"]
+
+
+def _curve(sock, server_public_key, client_keys):
+    if server_public_key is None:
+        return
+    import zmq.auth
+    if client_keys is None:
+        public, secret = zmq.curve_keypair()
+    else:
+        public, secret = zmq.auth.load_certificate(client_keys)
+    sock.curve_serverkey = server_public_key
+    sock.curve_publickey, sock.curve_secretkey = public, secret
+
+
+def decode_reply(raw: bytes) -> dict:
+    msg = wire.decode(raw, max_bytes=1 << 30)
+    if msg["type"] == "prediction":
+        msg["pred"] = wire.unpack_array(msg["pred"], "pred")
+        return Prediction(msg)
+    if msg["type"] == "weights":
+        msg["params"] = {n: wire.unpack_array(a, n, max_elements=1 << 28) for n, a in msg["params"].items()}
+    return msg
+
+
+class SensorClient:
+    def __init__(self, endpoint: str = "tcp://127.0.0.1:5555", *, stream: str = "sensor-0", start_seq: int = 0,
+                 timeout_s: float = 10.0, ctx: zmq.Context | None = None, server_public_key: bytes | None = None,
+                 client_keys: str | None = None):
+        self.ctx = ctx or zmq.Context.instance()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        _curve(self.sock, server_public_key, client_keys)
+        self.sock.connect(endpoint)
+        self.stream, self.seq, self.timeout_ms = stream, start_seq, int(timeout_s * 1000)
+
+    def send(self, x, y=None, *, stream: str | None = None, seq: int | None = None, mode: str | None = None) -> int:
+        """Queue one step without waiting; returns its sequence number."""
+        if seq is None:
+            seq = self.seq
+            self.seq += 1
+        self.sock.send_multipart([b"", wire.data_message(stream or self.stream, seq, x, y, ts=time.time(), mode=mode)])
+        return seq
+
+    def send_raw(self, raw: bytes):
+        self.sock.send_multipart([b"", raw])
+
+    def recv(self, *, raise_errors: bool = True) -> dict:
+        if not self.sock.poll(self.timeout_ms):
+            raise TimeoutError(f"no answer from the engine within {self.timeout_ms} ms")
+        frames = self.sock.recv_multipart()
+        msg = decode_reply(frames[-1])
+        if raise_errors and msg["type"] == "error":
+            raise EngineError(msg["code"], msg["message"], msg)
+        return msg
+
+    def step(self, x, y=None, *, mode: str | None = None) -> Prediction:
+        """Send one step and wait for its prediction."""
+        self.send(x, y, mode=mode)
+        return self.recv()
+
+    def get_weights(self) -> dict:
+        self.sock.send_multipart([b"", wire.encode({"type": "get_weights"})])
+        return self.recv()
+
+    def close(self):
+        self.sock.close(0)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class PushClient:
+    """Fire-and-forget: predictions are published on the engine's PUB socket only."""
+
+    def __init__(self, endpoint: str = "tcp://127.0.0.1:5556", *, stream: str = "sensor-0", start_seq: int = 0,
+                 ctx: zmq.Context | None = None, server_public_key: bytes | None = None, client_keys: str | None = None):
+        self.ctx = ctx or zmq.Context.instance()
+        self.sock = self.ctx.socket(zmq.PUSH)
+        self.sock.setsockopt(zmq.LINGER, 1000)
+        _curve(self.sock, server_public_key, client_keys)
+        self.sock.connect(endpoint)
+        self.stream, self.seq = stream, start_seq
+
+    def send(self, x, y=None, *, mode: str | None = None) -> int:
+        seq = self.seq
+        self.seq += 1
+        self.sock.send(wire.data_message(self.stream, seq, x, y, ts=time.time(), mode=mode))
+        return seq
+
+    def close(self):
+        self.sock.close()

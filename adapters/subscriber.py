@@ -1,0 +1,84 @@
+"""Subscribers to the engine's PUB socket: predictions, errors, stats, and the weights.
+
+``WeightsSubscriber`` rebuilds the engine's current weights exactly: it subscribes first,
+asks the engine for a snapshot over request/reply, then applies every update whose base is
+the version it holds (an update carries full values of the parameters that changed). A missed
+update is noticed by its base version and triggers a new snapshot.
+"""
+from __future__ import annotations
+
+import numpy as np
+import zmq
+
+from streamtrace import wire
+
+from .client import SensorClient, decode_reply
+
+__all__ = ["Subscriber", "WeightsSubscriber"]
+
+
+class Subscriber:
+    def __init__(self, endpoint: str = "tcp://127.0.0.1:5557", topics=(b"",), *, ctx: zmq.Context | None = None):
+        self.ctx = ctx or zmq.Context.instance()
+        self.sock = self.ctx.socket(zmq.SUB)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.RCVHWM, 0)
+        for t in topics:
+            self.sock.setsockopt(zmq.SUBSCRIBE, t if isinstance(t, bytes) else t.encode())
+        self.sock.connect(endpoint)
+
+    def recv(self, timeout_s: float = 5.0):
+        """(topic, decoded message) or None on timeout."""
+        if not self.sock.poll(int(timeout_s * 1000)):
+            return None
+        topic, raw = self.sock.recv_multipart()
+        return topic, decode_reply(raw)
+
+    def close(self):
+        self.sock.close(0)
+
+
+class WeightsSubscriber:
+    def __init__(self, pub_endpoint: str = "tcp://127.0.0.1:5557",
+                 router_endpoint: str = "tcp://127.0.0.1:5555", *, ctx: zmq.Context | None = None):
+        self.sub = Subscriber(pub_endpoint, (b"weights",), ctx=ctx)
+        self.req = SensorClient(router_endpoint, stream="weights-subscriber", ctx=ctx)
+        self.version: int | None = None
+        self.params: dict[str, np.ndarray] = {}
+        self.snapshots = 0
+
+    def snapshot(self):
+        msg = self.req.get_weights()
+        self.params = {n: np.array(v) for n, v in msg["params"].items()}
+        self.version = msg["version"]
+        self.snapshots += 1
+
+    def apply(self, msg: dict) -> bool:
+        """Apply one 'weights' message; False when it could not be applied (a gap)."""
+        if msg["kind"] == "snapshot":
+            self.params = {n: np.array(v) for n, v in msg["params"].items()}
+            self.version = msg["version"]
+            return True
+        if self.version is None or msg["version"] <= self.version:
+            return True          # older than what we hold: nothing to do
+        if msg["base"] != self.version:
+            return False
+        for n, v in msg["params"].items():
+            self.params[n] = np.array(v)
+        self.version = msg["version"]
+        return True
+
+    def poll(self, timeout_s: float = 1.0) -> bool:
+        """Wait for and apply one published update; True if one arrived."""
+        if self.version is None:
+            self.snapshot()
+        got = self.sub.recv(timeout_s)
+        if got is None:
+            return False
+        if not self.apply(got[1]):
+            self.snapshot()
+        return True
+
+    def close(self):
+        self.sub.close()
+        self.req.close()

@@ -1,0 +1,255 @@
+"""The engine without sockets: validate, route streams to slots, batch, step, answer.
+
+``ingest(raw, origin)`` checks one message and queues it (or answers with an error at once);
+``tick()`` runs every queued step in one compiled call and returns what to send. Outputs are
+``("reply", origin, bytes)`` for the sender (origin None: fire-and-forget) and
+``("pub", topic, bytes)`` for subscribers. No learner state changes for a refused message.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import wire
+from ..learner import OnlineLearner
+from ..learner.checkpoint import CheckpointDir, CheckpointError
+from .config import EngineConfig, build_model, make_optimizer
+from .metrics import Metrics
+
+__all__ = ["EngineCore", "Stream"]
+
+
+@dataclass
+class Stream:
+    slot: int
+    next_seq: int | None = None       # None: the next message sets the base
+    last_seen: float = 0.0
+    resync: bool = False               # restored from a checkpoint: may jump forward once
+    pending: deque = field(default_factory=deque)
+
+
+class EngineCore:
+    def __init__(self, cfg: EngineConfig, clock=time.monotonic):
+        self.cfg, self.clock = cfg, clock
+        lc, ec = cfg.learning, cfg.engine
+        model = build_model(cfg.model)
+        example = np.zeros(cfg.model.n_in, np.float32)
+        self.learner = OnlineLearner(
+            model, example, algorithm=lc.algorithm, decay=lc.decay or None, rank=lc.rank or None,
+            optimizer=make_optimizer(lc), mode=lc.mode, learn_every=lc.learn_every, slots=ec.slots,
+            shared_weights=ec.shared_weights, clip=lc.clip or None)
+        self.x_shape = self.learner.x_shape
+        self.y_shape = self.learner.out_shape
+        if self.x_shape != (cfg.model.n_in,):
+            raise ValueError(f"model input shape {self.x_shape} does not match model.n_in = {cfg.model.n_in}")
+        if self.y_shape != (cfg.model.n_out,):
+            raise ValueError(f"model output shape {self.y_shape} does not match model.n_out = {cfg.model.n_out}; "
+                             "set model.n_out to the model's output size")
+        self.streams: dict[str, Stream] = {}
+        self.free = list(range(ec.slots - 1, -1, -1))
+        self.metrics = Metrics()
+        self.version = 0                 # weights version (bumped at every publish)
+        self.steps = 0                   # accepted data messages processed
+        self._since_publish = 0
+        self._since_ckpt = 0
+        self._published_params: dict | None = None
+        self.ckpt = CheckpointDir(cfg.checkpoint.dir, cfg.checkpoint.keep) if cfg.checkpoint.dir else None
+        self.buckets = sorted({1 << i for i in range(ec.micro_batch.bit_length()) if 1 << i <= ec.micro_batch}
+                              | {ec.micro_batch})
+
+    # ---- ingest -----------------------------------------------------------------------
+    def ingest(self, raw: bytes, origin=None, t_recv: float | None = None) -> list:
+        t_recv = self.clock() if t_recv is None else t_recv
+        self.metrics.count("received")
+        try:
+            msg = wire.decode(raw, self.cfg.engine.max_message_bytes)
+            kind = msg["type"]
+            if kind == "get_weights":
+                return [("reply", origin, self.weights_message("snapshot"))] if origin is not None else []
+            if kind != "data":
+                raise wire.WireError("bad_type", f"unknown message type {kind!r}; expected 'data' or 'get_weights'")
+            data = wire.decode_data(msg, self.x_shape, self.y_shape)
+        except wire.WireError as e:
+            return self._refuse(origin, e.code, str(e), None, None)
+        return self._accept(data, origin, t_recv)
+
+    def _refuse(self, origin, code, message, stream, seq) -> list:
+        self.metrics.error(code)
+        if code in ("overloaded", "no_slot"):
+            self.metrics.count("dropped")
+        err = {"type": "error", "code": code, "message": message}
+        if stream is not None:
+            err["stream"], err["seq"] = stream, seq
+        raw = wire.encode(err)
+        out = [("pub", b"error", raw)]
+        if origin is not None:
+            out.append(("reply", origin, raw))
+        return out
+
+    def _accept(self, d, origin, t_recv) -> list:
+        name, seq = d["stream"], d["seq"]
+        st = self.streams.get(name)
+        if st is None:
+            slot = self._take_slot()
+            if slot is None:
+                return self._refuse(origin, "no_slot", f"all {self.cfg.engine.slots} slots are busy; stream "
+                                    f"'{name}' was not admitted (raise engine.slots or wait for idle streams)",
+                                    name, seq)
+            st = self.streams[name] = Stream(slot)
+        expected = st.next_seq
+        if expected is not None and seq != expected:
+            if seq < expected:
+                return self._refuse(origin, "repeat", f"stream '{name}': seq {seq} was already received "
+                                    f"(expected {expected})", name, seq)
+            if not st.resync and self.cfg.engine.on_gap == "reject":
+                return self._refuse(origin, "gap", f"stream '{name}': seq {seq} skips ahead (expected "
+                                    f"{expected}); resend from {expected}", name, seq)
+            self.metrics.count("lost_on_resync", seq - expected)
+        if len(st.pending) >= self.cfg.engine.max_pending:
+            return self._refuse(origin, "overloaded", f"stream '{name}' has {len(st.pending)} steps queued; "
+                                "slow down or raise engine.max_pending", name, seq)
+        st.next_seq, st.resync, st.last_seen = seq + 1, False, t_recv
+        if st.slot is None:
+            st.slot = self._take_slot()
+        st.pending.append((d, origin, t_recv))
+        self.metrics.count("accepted")
+        return []
+
+    def _take_slot(self):
+        if not self.free:
+            self.evict_idle()
+        if not self.free:
+            return None
+        slot = self.free.pop()
+        self.learner.reset_slot(slot)
+        return slot
+
+    def evict_idle(self, now: float | None = None):
+        """Free the slots of streams idle for longer than engine.idle_timeout_s."""
+        now = self.clock() if now is None else now
+        for name, st in list(self.streams.items()):
+            if not st.pending and now - st.last_seen > self.cfg.engine.idle_timeout_s:
+                del self.streams[name]
+                self.free.append(st.slot)
+
+    def has_pending(self) -> bool:
+        return any(st.pending for st in self.streams.values())
+
+    # ---- one batched call ---------------------------------------------------------------
+    def tick(self) -> list:
+        busy = [st for st in self.streams.values() if st.pending]
+        if not busy:
+            return []
+        out = []
+        count = max(len(st.pending) for st in busy)
+        k = next((b for b in self.buckets if b >= count), self.buckets[-1])
+        n_msgs = sum(min(len(st.pending), k) for st in busy)
+        if self.ckpt and self._since_ckpt + n_msgs > self.cfg.checkpoint.every:
+            self.save_checkpoint()
+        L, supervised = self.learner, self.cfg.learning.mode == "supervised"
+        xs = np.zeros((k, L.n) + self.x_shape, L.x_dtype)
+        ys = np.zeros((k, L.n) + self.y_shape, L.y_dtype)
+        active = np.zeros((k, L.n), bool)
+        learn = np.zeros((k, L.n), bool)
+        taken = []
+        for st in busy:
+            for j in range(min(len(st.pending), k)):
+                d, origin, t_recv = st.pending.popleft()
+                xs[j, st.slot] = d["x"]
+                active[j, st.slot] = True
+                if supervised:
+                    learn[j, st.slot] = d["mode"] == "learn" and d["y"] is not None
+                    if d["y"] is not None:
+                        ys[j, st.slot] = d["y"]
+                else:
+                    learn[j, st.slot] = d["mode"] == "learn"
+                taken.append((j, st.slot, d, origin, t_recv))
+        results = L.step_many(xs, ys, active, learn) if k > 1 else [L.step(xs[0], ys[0], active[0], learn[0])]
+        self.steps += len(taken)
+        self._since_publish += len(taken)
+        self._since_ckpt += len(taken)
+        self.metrics.count("steps", len(taken))
+        self.metrics.count("updates", int(sum(np.any(r.applied) for r in results)))
+        for j, slot, d, origin, t_recv in taken:
+            r = results[j]
+            loss = float(r.loss[slot])
+            self.metrics.loss(d["stream"], loss)
+            reply = wire.encode({"type": "prediction", "stream": d["stream"], "seq": d["seq"],
+                                 "pred": wire.pack_array(r.prediction[slot]),
+                                 "loss": None if loss != loss else loss, "step": self.steps,
+                                 "version": self.version, "ts": d["ts"]})
+            if origin is not None:
+                out.append(("reply", origin, reply))
+            if self.cfg.publish.predictions:
+                out.append(("pub", b"pred/" + d["stream"].encode(), reply))
+            self.metrics.latency(self.clock() - t_recv)
+        self.metrics.count("answered", len(taken))
+        every = self.cfg.publish.weights_every
+        if every and self._since_publish >= every:
+            out.append(("pub", b"weights", self.weights_message("update")))
+        return out
+
+    # ---- weights ------------------------------------------------------------------------
+    def weights_message(self, kind: str) -> bytes:
+        """'snapshot': every parameter at the current version. 'update': a new version with the
+        parameters that changed since the last publish (full values, so rebuilding is exact)."""
+        params = self.learner.params
+        if kind == "update":
+            base = self.version
+            self.version += 1
+            self._since_publish = 0
+            prev = self._published_params or {}
+            changed = {n: v for n, v in params.items() if n not in prev or not np.array_equal(prev[n], v)}
+            self._published_params = params
+            self.metrics.count("weights_published")
+            return wire.encode({"type": "weights", "kind": "update", "version": self.version, "base": base,
+                                "params": {n: wire.pack_array(v) for n, v in changed.items()}})
+        if self._published_params is None or any(
+                not np.array_equal(self._published_params.get(n), v) for n, v in params.items()):
+            # weights moved since the last publish: a snapshot gets its own version
+            self.version += 1
+            self._published_params = params
+            self._since_publish = 0
+        return wire.encode({"type": "weights", "kind": "snapshot", "version": self.version, "base": None,
+                            "params": {n: wire.pack_array(v) for n, v in params.items()}})
+
+    def stats_message(self) -> bytes:
+        snap = self.metrics.snapshot(len(self.streams), len(self.free))
+        learner = self.learner.stats()
+        snap["learner"] = {k: v for k, v in learner.items() if k != "prequential_loss"}
+        snap["version"] = self.version
+        return wire.encode({"type": "stats", **snap})
+
+    # ---- durability ---------------------------------------------------------------------
+    def save_checkpoint(self):
+        if not self.ckpt:
+            return None
+        extra = {"steps": self.steps, "version": self.version,
+                 "streams": {n: {"slot": s.slot, "next_seq": s.next_seq} for n, s in self.streams.items()}}
+        path = self.ckpt.save(self.steps, self.learner.state_dict(), self.learner.signature(), extra)
+        self._since_ckpt = 0
+        self.metrics.count("checkpoints")
+        return path
+
+    def resume(self) -> dict | None:
+        """Load the newest good checkpoint, if any. Returns its header (or None)."""
+        if not self.ckpt:
+            return None
+        path, arrays, header, errors = self.ckpt.latest_good(self.learner.signature())
+        self.resume_errors = errors
+        if path is None:
+            return None
+        self.learner.load_state_dict(arrays)
+        extra = header.get("extra", {})
+        self.steps, self.version = int(extra.get("steps", 0)), int(extra.get("version", 0))
+        self.streams.clear()
+        used = set()
+        for name, s in extra.get("streams", {}).items():
+            self.streams[name] = Stream(int(s["slot"]), s["next_seq"], self.clock(), resync=True)
+            used.add(int(s["slot"]))
+        self.free = [i for i in range(self.cfg.engine.slots - 1, -1, -1) if i not in used]
+        self._published_params = None
+        return {"path": str(path), **header}

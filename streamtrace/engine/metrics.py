@@ -1,0 +1,78 @@
+"""Engine metrics: counters, a latency window for percentiles, per-stream loss, and an
+optional Prometheus exporter (prometheus-client, served on loopback)."""
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import numpy as np
+
+__all__ = ["Metrics"]
+
+
+class Metrics:
+    def __init__(self, window: int = 20000):
+        self.counters = {"received": 0, "accepted": 0, "answered": 0, "errors": 0, "dropped": 0,
+                         "steps": 0, "updates": 0, "skipped": 0, "lost_on_resync": 0,
+                         "checkpoints": 0, "weights_published": 0, "reply_failures": 0}
+        self.errors_by_code: dict[str, int] = {}
+        self.latency_us: deque = deque(maxlen=window)
+        self.stream_loss: dict[str, float] = {}
+        self._t0 = time.monotonic()
+        self._last = (self._t0, 0)
+        self._prom = None
+
+    def count(self, name: str, n: int = 1):
+        self.counters[name] += n
+        if self._prom:
+            self._prom["counter"].labels(name).inc(n)
+
+    def error(self, code: str):
+        self.errors_by_code[code] = self.errors_by_code.get(code, 0) + 1
+        self.count("errors")
+        if self._prom:
+            self._prom["errors"].labels(code).inc()
+
+    def latency(self, seconds: float):
+        self.latency_us.append(seconds * 1e6)
+        if self._prom:
+            self._prom["latency"].observe(seconds)
+
+    def loss(self, stream: str, value: float, alpha: float = 0.05):
+        if value == value:  # not NaN
+            old = self.stream_loss.get(stream)
+            self.stream_loss[stream] = value if old is None else (1 - alpha) * old + alpha * value
+
+    def snapshot(self, streams: int, slots_free: int) -> dict:
+        now = time.monotonic()
+        t_prev, n_prev = self._last
+        rate = (self.counters["accepted"] - n_prev) / max(now - t_prev, 1e-9)
+        self._last = (now, self.counters["accepted"])
+        lat = np.asarray(self.latency_us) if self.latency_us else np.zeros(1)
+        snap = {"uptime_s": now - self._t0, "steps_per_s": rate, **self.counters,
+                "errors_by_code": dict(self.errors_by_code),
+                "latency_us": {"p50": float(np.percentile(lat, 50)), "p90": float(np.percentile(lat, 90)),
+                               "p99": float(np.percentile(lat, 99)), "max": float(lat.max())},
+                "streams": streams, "slots_free": slots_free,
+                "stream_loss": {k: float(v) for k, v in self.stream_loss.items()}}
+        if self._prom:
+            self._prom["rate"].set(rate)
+            self._prom["streams"].set(streams)
+        return snap
+
+    def serve_prometheus(self, port: int, addr: str = "127.0.0.1"):
+        import prometheus_client as pc
+        reg = pc.CollectorRegistry()
+        self._prom = {
+            "counter": pc.Counter("streamtrace_events", "engine event counts", ["event"], registry=reg),
+            "errors": pc.Counter("streamtrace_errors", "rejected messages by error code", ["code"], registry=reg),
+            "latency": pc.Histogram("streamtrace_latency_seconds", "ingest to reply",
+                                    buckets=(5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 5e-2, 0.1, 1.0),
+                                    registry=reg),
+            "rate": pc.Gauge("streamtrace_steps_per_second", "accepted steps per second", registry=reg),
+            "streams": pc.Gauge("streamtrace_streams", "connected streams", registry=reg),
+        }
+        for name, v in self.counters.items():
+            if v:
+                self._prom["counter"].labels(name).inc(v)
+        pc.start_http_server(port, addr=addr, registry=reg)

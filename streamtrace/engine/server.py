@@ -1,0 +1,157 @@
+"""The ZeroMQ event loop around EngineCore.
+
+Sockets: ROUTER (request/reply ingest: a DEALER gets its own prediction back), PULL
+(fire-and-forget ingest), PUB (topics ``pred/<stream>``, ``weights``, ``error``, ``stats``).
+Every message waiting on the sockets is drained into the core, then one batched step answers
+them all. SIGTERM / SIGINT stop the loop; a final checkpoint is written on the way out.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+
+import zmq
+
+from .config import EngineConfig
+from .core import EngineCore
+
+__all__ = ["Engine", "serve"]
+
+log = logging.getLogger("streamtrace.engine")
+
+
+class Engine:
+    def __init__(self, cfg: EngineConfig, *, ctx: zmq.Context | None = None):
+        self.cfg = cfg
+        if cfg.engine.cpu >= 0:
+            os.sched_setaffinity(0, {cfg.engine.cpu})
+        self.core = EngineCore(cfg)
+        self.resumed = self.core.resume()
+        self.ctx = ctx or zmq.Context.instance()
+        self._stop = False
+        self._auth = None
+        self.router = self._socket(zmq.ROUTER, cfg.sockets.router)
+        self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.pull = self._socket(zmq.PULL, cfg.sockets.pull) if cfg.sockets.pull else None
+        self.pub = self._socket(zmq.PUB, cfg.sockets.pub) if cfg.sockets.pub else None
+        if cfg.metrics.prometheus_port:
+            self.core.metrics.serve_prometheus(cfg.metrics.prometheus_port, cfg.metrics.prometheus_addr)
+
+    def _socket(self, kind, addr):
+        s = self.ctx.socket(kind)
+        s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.SNDHWM, self.cfg.sockets.hwm)
+        s.setsockopt(zmq.RCVHWM, self.cfg.sockets.hwm)
+        s.setsockopt(zmq.MAXMSGSIZE, self.cfg.engine.max_message_bytes + 4096)
+        sec = self.cfg.security
+        if sec.curve_secret_key_file:
+            import zmq.auth
+            if self._auth is None:
+                from zmq.auth.thread import ThreadAuthenticator
+                self._auth = ThreadAuthenticator(self.ctx)
+                self._auth.start()
+                self._auth.configure_curve(domain="*", location=sec.curve_authorized_dir or zmq.auth.CURVE_ALLOW_ANY)
+            public, secret = zmq.auth.load_certificate(sec.curve_secret_key_file)
+            s.curve_publickey, s.curve_secretkey, s.curve_server = public, secret, True
+        s.bind(addr)
+        return s
+
+    @property
+    def endpoints(self) -> dict:
+        return {name: sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+                for name, sock in (("router", self.router), ("pull", self.pull), ("pub", self.pub)) if sock}
+
+    def stop(self, *_):
+        self._stop = True
+
+    def _send(self, outs):
+        for kind, dest, raw in outs:
+            if kind == "reply":
+                try:
+                    self.router.send_multipart([dest, raw], flags=zmq.NOBLOCK)
+                except (zmq.Again, zmq.ZMQError):
+                    self.core.metrics.count("reply_failures")
+            elif self.pub is not None:
+                try:
+                    self.pub.send_multipart([dest, raw], flags=zmq.NOBLOCK)
+                except zmq.Again:
+                    self.core.metrics.count("dropped")
+
+    def run(self, *, install_signals: bool = True, max_seconds: float | None = None):
+        if install_signals:
+            signal.signal(signal.SIGTERM, self.stop)
+            signal.signal(signal.SIGINT, self.stop)
+        poller = zmq.Poller()
+        poller.register(self.router, zmq.POLLIN)
+        if self.pull is not None:
+            poller.register(self.pull, zmq.POLLIN)
+        core, clock = self.core, time.monotonic
+        stats_every = self.cfg.publish.stats_every_s
+        next_stats = clock() + stats_every
+        deadline = None if max_seconds is None else clock() + max_seconds
+        drain_max = self.cfg.engine.slots * self.cfg.engine.micro_batch
+        try:
+            while not self._stop:
+                timeout = 0 if core.has_pending() else 50
+                events = dict(poller.poll(timeout))
+                for _ in range(drain_max):  # drain what waits, then step once for all of it
+                    got = False
+                    if events.get(self.router):
+                        try:
+                            ident, *frames = self.router.recv_multipart(zmq.NOBLOCK)
+                            got = True
+                            self._send(core.ingest(frames[-1] if frames else b"", ident))
+                        except zmq.Again:
+                            events.pop(self.router, None)
+                    if self.pull is not None and events.get(self.pull):
+                        try:
+                            raw = self.pull.recv(zmq.NOBLOCK)
+                            got = True
+                            self._send(core.ingest(raw, None))
+                        except zmq.Again:
+                            events.pop(self.pull, None)
+                    if not got:
+                        break
+                if core.has_pending():
+                    self._send(core.tick())
+                now = clock()
+                if now >= next_stats:
+                    next_stats = now + stats_every
+                    core.evict_idle(now)
+                    if self.pub is not None:
+                        self._send([("pub", b"stats", core.stats_message())])
+                if deadline is not None and now > deadline:
+                    break
+        finally:
+            self.close()
+
+    def close(self):
+        try:
+            while self.core.has_pending():
+                self._send(self.core.tick())
+            self.core.save_checkpoint()
+        finally:
+            for s in (self.router, self.pull, self.pub):
+                if s is not None:
+                    s.close(0)
+            if self._auth is not None:
+                self._auth.stop()
+
+
+def serve(cfg: EngineConfig, *, announce=print) -> int:
+    exposed = cfg.exposed_remotely()
+    if exposed and not cfg.security.curve_secret_key_file:
+        announce(f"WARNING: {', '.join(exposed)} listen beyond loopback without CURVE authentication; "
+                 "set security.curve_secret_key_file for remote sensors")
+    engine = Engine(cfg)
+    if engine.resumed:
+        announce(f"resumed from {engine.resumed['path']} at step {engine.core.steps} "
+                 f"(a crash loses at most {cfg.checkpoint.every} steps)")
+    announce(f"streamtrace engine: {engine.endpoints}; model {cfg.model.factory or cfg.model.stack} "
+             f"{cfg.model.n_in}->{cfg.model.n_hidden}->{cfg.model.n_out}, {cfg.learning.algorithm}, "
+             f"{cfg.learning.mode}, {cfg.engine.slots} slots")
+    engine.run()
+    announce(f"stopped after {engine.core.steps} steps")
+    return 0

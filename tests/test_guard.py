@@ -1,0 +1,294 @@
+"""The guard: non-finite inputs, targets, losses and gradients never reach the weights; the
+step is skipped (per slot) and counted, and learning goes on. Plus global-norm clipping."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import streamtrace as st
+from streamtrace import nn
+
+from models import CellNet
+
+N_IN, N_HIDDEN, N_OUT = 3, 6, 2
+LEARNED = ("params.", "opt", "acc")            # what an update changes
+CARRIED = ("hidden.", "traces.")               # what a step carries forward
+
+
+def make(**kw):
+    kw.setdefault("optimizer", optax.adam(1e-2))
+    model = CellNet(nn.GRUCell, n_in=N_IN, n_hidden=N_HIDDEN, n_out=N_OUT, seed=0)
+    return st.OnlineLearner(model, np.zeros(N_IN, np.float32), **kw)
+
+
+def data(steps, slots=None, seed=0):
+    rng = np.random.default_rng(seed)
+    lead = (steps,) if slots is None else (steps, slots)
+    xs = rng.normal(size=lead + (N_IN,)).astype(np.float32)
+    ys = (0.5 * rng.normal(size=lead + (N_OUT,))).astype(np.float32)
+    return xs, ys
+
+
+def snapshot(learner):
+    return {k: np.array(v, copy=True) for k, v in learner.state_dict().items()}
+
+
+def part(state, prefixes):
+    return {k: v for k, v in state.items() if k.startswith(prefixes)}
+
+
+def assert_equal(a, b, what=""):
+    assert sorted(a) == sorted(b)
+    for k in a:
+        assert np.array_equal(a[k], b[k]), f"{what}{k} differs"
+
+
+def assert_params_equal(a: dict, b: dict):
+    assert sorted(a) == sorted(b)
+    for k in a:
+        assert np.array_equal(a[k], b[k]), f"weight {k} differs"
+
+
+class Pair:
+    """Two learners built once per module, reset to their initial state for every test."""
+
+    def __init__(self, **kw):
+        self.a, self.b = make(**kw), make(**kw)
+        self.init = snapshot(self.a)
+
+    def reset(self):
+        self.a.load_state_dict(self.init)
+        self.b.load_state_dict(self.init)
+        return self.a, self.b
+
+
+@pytest.fixture(scope="module")
+def single():
+    return Pair()
+
+
+@pytest.fixture(scope="module")
+def slotted():
+    return Pair(slots=4)
+
+
+# ---- non-finite inputs and targets, one stream ------------------------------------------
+BAD = {
+    "x-nan": (lambda x: x.__setitem__(1, np.nan), None),
+    "x-inf": (lambda x: x.__setitem__(0, np.inf), None),
+    "x-neg-inf": (lambda x: x.__setitem__(2, -np.inf), None),
+    "target-nan": (None, lambda y: y.__setitem__(0, np.nan)),
+    "target-inf": (None, lambda y: y.__setitem__(1, np.inf)),
+}
+
+
+@pytest.mark.parametrize("bad", list(BAD))
+def test_non_finite_sample_is_skipped_and_learning_continues(single, bad):
+    L, ref = single.reset()                     # ref never sees the bad sample
+    xs, ys = data(8)
+    for t in range(3):
+        L.step(xs[t], ys[t])
+        ref.step(xs[t], ys[t])
+    before, stats0 = snapshot(L), L.stats()
+
+    x, y = xs[3].copy(), ys[3].copy()
+    spoil_x, spoil_y = BAD[bad]
+    (spoil_x or (lambda a: None))(x)
+    (spoil_y or (lambda a: None))(y)
+    r = L.step(x, y)
+
+    assert r.applied is False
+    assert np.isnan(r.loss).all()
+    after = snapshot(L)
+    assert_equal(part(after, LEARNED), part(before, LEARNED))      # weights and optimizer state
+    assert_equal(part(after, CARRIED), part(before, CARRIED))      # hidden state and traces
+    assert_equal(part(after, ("stats.preq",)), part(before, ("stats.preq",)))
+    assert all(np.isfinite(w).all() for w in L.params.values())
+    stats = L.stats()
+    assert stats["skipped"] == stats0["skipped"] + 1
+    assert stats["step"] == stats0["step"] + 1
+    assert stats["updates"] == stats0["updates"] and stats["rejected"] == stats0["rejected"]
+
+    # learning goes on exactly as if the bad sample had never arrived
+    for t in range(4, 8):
+        r, rr = L.step(xs[t], ys[t]), ref.step(xs[t], ys[t])
+        assert r.applied is True
+        assert np.array_equal(r.prediction, rr.prediction) and np.array_equal(r.loss, rr.loss)
+    assert not np.array_equal(L.params["cell.z.W"], before["params.cell.z.W"])
+    assert_params_equal(L.params, ref.params)
+    assert_equal(part(snapshot(L), CARRIED + ("opt",)), part(snapshot(ref), CARRIED + ("opt",)))
+    assert L.stats()["updates"] == ref.stats()["updates"] == 7
+    assert L.stats()["skipped"] == 1 and ref.stats()["skipped"] == 0
+
+
+def test_loss_overflow_is_not_applied(single):
+    """A finite target so large that the loss overflows to inf: no update, counted."""
+    L, _ = single.reset()
+    xs, ys = data(3)
+    L.step(xs[0], ys[0])
+    before, stats0 = snapshot(L), L.stats()
+    r = L.step(xs[1], np.array([1e38, 0.0], np.float32))
+    assert r.applied is False
+    after, stats = snapshot(L), L.stats()
+    assert_equal(part(after, LEARNED), part(before, LEARNED))
+    assert all(np.isfinite(w).all() for w in L.params.values())
+    assert (stats["rejected"] + stats["skipped"]) == (stats0["rejected"] + stats0["skipped"]) + 1
+    assert stats["updates"] == stats0["updates"]
+    assert L.step(xs[2], ys[2]).applied is True
+
+
+@jax.custom_vjp
+def _poison(pred, flag):
+    return pred
+
+
+_poison.defvjp(lambda pred, flag: (pred, flag),
+               lambda flag, g: (jnp.where(flag > 0, jnp.nan, 1.0) * g, jnp.zeros_like(flag)))
+
+
+def poisoned_mse(pred, target):
+    """MSE whose gradient is NaN (value finite) when the target's last entry exceeds 1e3."""
+    flag = (target[-1] > 1e3).astype(jnp.float32)
+    return jnp.mean((_poison(pred, flag) - target) ** 2)
+
+
+def test_non_finite_gradient_with_finite_loss_is_rejected():
+    L = make(optimizer=optax.sgd(0.1), loss=poisoned_mse)
+    xs, ys = data(4)
+    L.step(xs[0], ys[0])
+    before, stats0 = snapshot(L), L.stats()
+    r = L.step(xs[1], np.array([0.0, 1e4], np.float32))
+    assert r.applied is False
+    assert np.isfinite(r.loss).all()          # the sample itself was fine, only its gradient not
+    assert_equal(part(snapshot(L), LEARNED), part(before, LEARNED))
+    stats = L.stats()
+    assert stats["rejected"] == stats0["rejected"] + 1
+    assert stats["updates"] == stats0["updates"] and stats["skipped"] == stats0["skipped"]
+    r = L.step(xs[2], ys[2])
+    assert r.applied is True and L.stats()["updates"] == stats0["updates"] + 1
+    assert not np.array_equal(L.params["out.W"], before["params.out.W"])
+
+
+# ---- slots ------------------------------------------------------------------------------
+@pytest.mark.parametrize("where", ["x", "target"])
+def test_nan_in_one_slot_skips_only_that_slot(slotted, where):
+    A, B = slotted.reset()
+    xs, ys = data(5, slots=4, seed=3)
+    for t in range(2):
+        A.step(xs[t], ys[t])
+        B.step(xs[t], ys[t])
+    before = snapshot(A)
+    x, y = xs[2].copy(), ys[2].copy()
+    (x if where == "x" else y)[2, 1] = np.nan
+    ra = A.step(x, y)
+    rb = B.step(xs[2], ys[2], active=[True, True, False, True])   # slot 2 masked inactive
+
+    assert ra.applied is True and rb.applied is True
+    assert np.isnan(ra.loss[2]) and np.isfinite(ra.loss[[0, 1, 3]]).all()
+    assert np.array_equal(ra.loss, rb.loss, equal_nan=True)
+    assert np.array_equal(ra.prediction[[0, 1, 3]], rb.prediction[[0, 1, 3]])
+    # the shared weights got the update of the three good slots, exactly
+    assert_params_equal(A.params, B.params)
+    assert not np.array_equal(A.params["cell.z.W"], before["params.cell.z.W"])
+    assert all(np.isfinite(w).all() for w in A.params.values())
+    sa, sb = snapshot(A), snapshot(B)
+    assert_equal(part(sa, LEARNED + CARRIED), part(sb, LEARNED + CARRIED))
+    for k, v in part(sa, CARRIED).items():
+        assert np.array_equal(v[2], before[k][2]), f"slot 2 {k} moved"
+        if k.startswith("hidden."):
+            assert not np.array_equal(v[[0, 1, 3]], before[k][[0, 1, 3]]), f"{k} did not advance"
+    assert A.stats()["skipped"] == 1 and B.stats()["skipped"] == 0
+    assert A.stats()["updates"] == B.stats()["updates"] == 3
+
+    # the skipped slot takes part again at the next step
+    ra = A.step(xs[3], ys[3])
+    assert np.isfinite(ra.loss).all() and ra.applied is True
+    assert not np.array_equal(snapshot(A)["hidden.cell.h"][2], before["hidden.cell.h"][2])
+
+
+def test_loss_overflow_in_one_slot_does_not_reach_shared_weights(slotted):
+    A, B = slotted.reset()
+    xs, ys = data(2, slots=4, seed=4)
+    A.step(xs[0], ys[0])
+    B.step(xs[0], ys[0])
+    y = ys[1].copy()
+    y[2, 0] = 1e20                      # (out - 1e20)**2 overflows float32; its gradient does not
+    ra = A.step(xs[1], y)
+    rb = B.step(xs[1], ys[1], active=[True, True, False, True])     # slot 2 masked inactive
+    assert np.isnan(ra.loss[2]) and A.stats()["skipped"] == 1        # reported as skipped
+    assert np.array_equal(ra.loss, rb.loss, equal_nan=True)
+    # so the update must be the three good slots' one
+    assert_params_equal(A.params, B.params)
+    assert_equal(part(snapshot(A), ("opt",)), part(snapshot(B), ("opt",)))
+
+
+def test_nan_in_one_slot_with_per_slot_weights():
+    L = make(slots=4, shared_weights=False, optimizer=optax.sgd(0.1))
+    xs, ys = data(2, slots=4, seed=5)
+    L.step(xs[0], ys[0])
+    before = L.params
+    x = xs[1].copy()
+    x[1, 0] = np.inf
+    r = L.step(x, ys[1])
+    assert np.array_equal(r.applied, [True, False, True, True])
+    for k, w in L.params.items():
+        assert np.array_equal(w[1], before[k][1]), k
+    assert all(not np.array_equal(L.params[k][[0, 2, 3]], before[k][[0, 2, 3]])
+               for k in ("cell.z.W", "out.W"))
+    assert L.stats()["skipped"] == 1
+
+
+def test_skipped_step_does_not_count_toward_learn_every():
+    """learn_every=2: good, NaN, good -> one update of the two good gradients, exactly as a
+    learner that only saw the good samples."""
+    A, B = make(learn_every=2, optimizer=optax.sgd(0.05)), make(learn_every=2, optimizer=optax.sgd(0.05))
+    xs, ys = data(3, seed=6)
+    w0 = A.params
+    assert A.step(xs[0], ys[0]).applied is False
+    bad = xs[1].copy()
+    bad[0] = np.nan
+    assert A.step(bad, ys[1]).applied is False
+    assert_params_equal(A.params, w0)
+    assert A.step(xs[2], ys[2]).applied is True
+    B.step(xs[0], ys[0])
+    assert B.step(xs[2], ys[2]).applied is True
+    assert_params_equal(A.params, B.params)
+    assert A.stats()["updates"] == 1 and A.stats()["skipped"] == 1
+
+
+# ---- clipping ---------------------------------------------------------------------------
+@pytest.mark.parametrize("clip", [0.1, None])
+def test_clipped_sgd_update_matches_independent_gradient(clip):
+    lr = 0.5
+    L = make(optimizer=optax.sgd(lr), clip=clip)
+    xs, ys = data(4, seed=8)
+    for t in range(3):                 # non-zero hidden state and traces
+        L.step(xs[t], ys[t])
+    state = L.state_dict()
+    p0 = L.params
+    hidden = {k[len("hidden."):]: v[0] for k, v in state.items() if k.startswith("hidden.")}
+    traces = {k[len("traces."):]: v[0] for k, v in state.items() if k.startswith("traces.")}
+    p_init, h_init, tr_init = L.algo.init_state()
+    assert set(hidden) == set(h_init) and set(traces) == set(tr_init) and set(p0) == set(p_init)
+
+    x, y = xs[3], np.array([10.0, -10.0], np.float32)      # a big error: a big gradient
+
+    def loss(p):
+        out, _, _ = L.algo(p, hidden, traces, jnp.asarray(x))
+        return jnp.mean((out - y) ** 2)
+    g = jax.jit(jax.grad(loss))({k: jnp.asarray(v) for k, v in p0.items()})
+    g = {k: np.asarray(v, np.float64) for k, v in g.items()}
+    norm = np.sqrt(sum(np.sum(v ** 2) for v in g.values()))
+    assert norm > 1.0
+    scale = 1.0 if clip is None else min(1.0, clip / norm)
+
+    r = L.step(x, y)
+    assert r.applied is True
+    step_norm = 0.0
+    for k in p0:
+        got = L.params[k].astype(np.float64) - p0[k]
+        np.testing.assert_allclose(got, -lr * g[k] * scale, rtol=2e-4, atol=1e-6, err_msg=k)
+        step_norm += np.sum(got ** 2)
+    expected_norm = lr * (norm if clip is None else clip)
+    assert np.sqrt(step_norm) == pytest.approx(expected_norm, rel=1e-3)
