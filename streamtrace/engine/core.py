@@ -60,6 +60,15 @@ class EngineCore:
         self.buckets = sorted({1 << i for i in range(ec.micro_batch.bit_length()) if 1 << i <= ec.micro_batch}
                               | {ec.micro_batch})
 
+    def warmup(self):
+        """Compile every micro-batch size now, so no message waits for the compiler."""
+        self.learner.compiled()
+        for k in self.buckets:
+            if k > 1:
+                self.learner.compiled(k)
+        if self.learner.slots is not None:
+            self.learner.compiled_reset()
+
     # ---- ingest -----------------------------------------------------------------------
     def ingest(self, raw: bytes, origin=None, t_recv: float | None = None) -> list:
         t_recv = self.clock() if t_recv is None else t_recv

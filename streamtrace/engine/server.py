@@ -13,6 +13,7 @@ import signal
 import time
 
 import zmq
+import zmq.auth
 
 from .config import EngineConfig
 from .core import EngineCore
@@ -28,6 +29,7 @@ class Engine:
         if cfg.engine.cpu >= 0:
             os.sched_setaffinity(0, {cfg.engine.cpu})
         self.core = EngineCore(cfg)
+        self.core.warmup()
         self.resumed = self.core.resume()
         self.ctx = ctx or zmq.Context.instance()
         self._stop = False
@@ -47,7 +49,6 @@ class Engine:
         s.setsockopt(zmq.MAXMSGSIZE, self.cfg.engine.max_message_bytes + 4096)
         sec = self.cfg.security
         if sec.curve_secret_key_file:
-            import zmq.auth
             if self._auth is None:
                 from zmq.auth.thread import ThreadAuthenticator
                 self._auth = ThreadAuthenticator(self.ctx)

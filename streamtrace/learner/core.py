@@ -276,6 +276,10 @@ class OnlineLearner:
             raise ValueError("reset_slot needs a learner with slots")
         if not 0 <= slot < self.n:
             raise IndexError(f"slot {slot} out of range 0..{self.n - 1}")
+        self.buffers = self.compiled_reset()(self.buffers, np.int32(slot))
+
+    def compiled_reset(self):
+        """The compiled slot reset: (buffers, slot) -> buffers."""
         if "reset" not in self._compiled:
             init = self.layout.unpack(self._init_buffers)
             per_slot = self.per_slot
@@ -295,7 +299,7 @@ class OnlineLearner:
                     state["stats"] = stats
                 return self.layout.pack(state)
             self._compiled["reset"] = jax.jit(reset).lower(self.buffers, np.int32(0)).compile()
-        self.buffers = self._compiled["reset"](self.buffers, np.int32(slot))
+        return self._compiled["reset"]
 
     # ---- checkpoints ------------------------------------------------------------------
     def signature(self) -> dict:
