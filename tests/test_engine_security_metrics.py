@@ -1,0 +1,78 @@
+"""CURVE authentication for remote sensors, and the Prometheus endpoint."""
+import socket
+import threading
+import urllib.request
+
+import numpy as np
+import pytest
+import zmq
+import zmq.auth
+
+from streamtrace.adapters import SensorClient
+from streamtrace.engine import Engine, load_config
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _engine(tmp_path, **overrides):
+    sections = {"model": {"n_hidden": 4}, "engine": {"slots": 2},
+                "sockets": {"router": f"ipc://{tmp_path}/r", "pull": "", "pub": ""},
+                "publish": {"stats_every_s": 0.2}}
+    for k, v in overrides.items():
+        sections.setdefault(k, {}).update(v)
+    eng = Engine(load_config(None, sections))
+    th = threading.Thread(target=eng.run, kwargs={"install_signals": False, "max_seconds": 60}, daemon=True)
+    th.start()
+    return eng, th
+
+
+def test_curve_lets_authorised_clients_in_and_keeps_others_out(tmp_path):
+    keys, allowed = tmp_path / "keys", tmp_path / "allowed"
+    keys.mkdir()
+    allowed.mkdir()
+    server_public, server_secret = zmq.auth.create_certificates(keys, "server")
+    client_public, client_secret = zmq.auth.create_certificates(keys, "client")
+    _, stranger_secret = zmq.auth.create_certificates(keys, "stranger")
+    (allowed / "client.key").write_bytes((keys / "client.key").read_bytes())
+    eng, th = _engine(tmp_path, security={"curve_secret_key_file": str(server_secret),
+                                          "curve_authorized_dir": str(allowed)})
+    server_key, _ = zmq.auth.load_certificate(server_public)
+    try:
+        with SensorClient(eng.endpoints["router"], stream="ok", server_public_key=server_key,
+                          client_keys=str(client_secret), timeout_s=20) as c:
+            r = c.step(np.zeros(1, np.float32))
+            assert r["type"] == "prediction" and r["seq"] == 0
+        for keyfile in (str(stranger_secret), None):   # unknown key / no key at all
+            with SensorClient(eng.endpoints["router"], stream="intruder", server_public_key=server_key,
+                              client_keys=keyfile, timeout_s=1.5) as c:
+                with pytest.raises(TimeoutError):
+                    c.step(np.zeros(1, np.float32))
+        with SensorClient(eng.endpoints["router"], stream="plain", timeout_s=1.5) as c:   # no CURVE
+            with pytest.raises(TimeoutError):
+                c.step(np.zeros(1, np.float32))
+        assert eng.core.metrics.counters["accepted"] == 1
+    finally:
+        eng.stop()
+        th.join(10)
+
+
+def test_prometheus_metrics_are_served_on_loopback(tmp_path):
+    port = _free_port()
+    eng, th = _engine(tmp_path, metrics={"prometheus_port": port})
+    try:
+        with SensorClient(eng.endpoints["router"], stream="p", timeout_s=20) as c:
+            for _ in range(5):
+                c.step(np.zeros(1, np.float32))
+            c.send(np.zeros(3, np.float32))            # a bad shape: counted as an error
+            assert c.recv(raise_errors=False)["code"] == "bad_shape"
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        assert 'streamtrace_events_total{event="accepted"} 5.0' in text
+        assert 'streamtrace_errors_total{code="bad_shape"} 1.0' in text
+        assert "streamtrace_latency_seconds_count 5.0" in text
+    finally:
+        eng.stop()
+        th.join(10)
