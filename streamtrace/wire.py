@@ -84,7 +84,8 @@ def decode(raw: bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> dict:
         raise WireError("not_msgpack", f"message is not valid msgpack ({type(e).__name__})") from None
     if not isinstance(msg, dict):
         raise WireError("bad_message", "message must be a msgpack map")
-    if msg.get("v") != VERSION:
+    v = msg.get("v")
+    if type(v) is not int or v != VERSION:  # not True, not 1.0
         raise WireError("bad_version", f"unsupported protocol version {msg.get('v')!r}; this engine speaks v{VERSION}")
     if not isinstance(msg.get("type"), str):
         raise WireError("bad_message", "message has no 'type'")

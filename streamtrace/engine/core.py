@@ -242,8 +242,11 @@ class EngineCore:
     def save_checkpoint(self):
         if not self.ckpt:
             return None
+        # queued messages are not in the saved state yet: record each stream's position as
+        # the first message the checkpoint does not hold
         extra = {"steps": self.steps, "version": self.version,
-                 "streams": {n: {"slot": s.slot, "next_seq": s.next_seq} for n, s in self.streams.items()}}
+                 "streams": {n: {"slot": s.slot, "next_seq": None if s.next_seq is None else s.next_seq - len(s.pending)}
+                             for n, s in self.streams.items()}}
         path = self.ckpt.save(self.steps, self.learner.state_dict(), self.learner.signature(), extra)
         self._since_ckpt = 0
         self.metrics.count("checkpoints")

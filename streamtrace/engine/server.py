@@ -46,7 +46,9 @@ class Engine:
         s.setsockopt(zmq.LINGER, 0)
         s.setsockopt(zmq.SNDHWM, self.cfg.sockets.hwm)
         s.setsockopt(zmq.RCVHWM, self.cfg.sockets.hwm)
-        s.setsockopt(zmq.MAXMSGSIZE, self.cfg.engine.max_message_bytes + 4096)
+        # oversize messages up to twice the limit still get a "too_large" reply; beyond that
+        # ZeroMQ drops the peer's connection before the bytes are buffered
+        s.setsockopt(zmq.MAXMSGSIZE, 2 * self.cfg.engine.max_message_bytes + 65536)
         sec = self.cfg.security
         if sec.curve_secret_key_file:
             if self._auth is None:

@@ -135,6 +135,8 @@ class CheckpointDir:
         return [p for _, p in sorted(found)]
 
     def save(self, step: int, arrays: dict, signature: dict, extra: dict | None = None) -> Path:
+        for tmp in self.folder.glob(".ckpt-*.npz.*.tmp") if self.folder.exists() else ():
+            tmp.unlink(missing_ok=True)   # left by a writer that was killed mid-write
         path = write_checkpoint(self.folder / f"ckpt-{step:012d}.npz", arrays, signature, extra)
         others = [p for p in self.paths() if p != path]
         # files numbered at or after this step are stale (left by an earlier run): this state
