@@ -85,9 +85,18 @@ class SensorClient:
         return msg
 
     def step(self, x, y=None, *, mode: str | None = None) -> Prediction:
-        """Send one step and wait for its prediction."""
-        self.send(x, y, mode=mode)
-        return self.recv()
+        """Send one step and wait for its prediction. A refused step does not use up its
+        sequence number, and a 'gap' error moves the numbering to what the engine expects, so
+        the stream goes on with the next call."""
+        seq = self.send(x, y, mode=mode)
+        msg = self.recv(raise_errors=False)
+        if msg["type"] == "error":
+            if msg.get("stream") == self.stream and "expected" in msg:
+                self.seq = msg["expected"]
+            elif msg.get("seq") == seq and self.seq == seq + 1:
+                self.seq = seq
+            raise EngineError(msg["code"], msg["message"], msg)
+        return msg
 
     def get_weights(self) -> dict:
         self.sock.send_multipart([b"", wire.encode({"type": "get_weights"})])
@@ -116,6 +125,11 @@ class PushClient:
         self.stream, self.seq = stream, start_seq
 
     def send(self, x, y=None, *, mode: str | None = None) -> int:
+        """Queue one step. Non-finite readings are refused here (ValueError) without using a
+        sequence number: there is no reply on this path to resynchronise from."""
+        x = np.asarray(x)
+        if not np.all(np.isfinite(x)) or (y is not None and not np.all(np.isfinite(y))):
+            raise ValueError("x or y contains NaN or Inf; the engine would refuse it")
         seq = self.seq
         self.seq += 1
         self.sock.send(wire.data_message(self.stream, seq, x, y, ts=time.time(), mode=mode))

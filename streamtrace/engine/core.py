@@ -79,6 +79,7 @@ class EngineCore:
     def ingest(self, raw: bytes, origin=None, t_recv: float | None = None) -> list:
         t_recv = self.clock() if t_recv is None else t_recv
         self.metrics.count("received")
+        msg = None
         try:
             msg = wire.decode(raw, self.cfg.engine.max_message_bytes)
             kind = msg["type"]
@@ -88,14 +89,23 @@ class EngineCore:
                 raise wire.WireError("bad_type", f"unknown message type {kind!r}; expected 'data' or 'get_weights'")
             data = wire.decode_data(msg, self.x_shape, self.y_shape)
         except wire.WireError as e:
-            return self._refuse(origin, e.code, str(e), None, None)
+            # name the stream and seq when they can be read, and where the stream stands, so
+            # a client can go on (a refused message uses up no sequence number)
+            stream, seq, extra = None, None, {}
+            if msg is not None and isinstance(msg.get("stream"), str) and isinstance(msg.get("seq"), int) \
+                    and not isinstance(msg.get("seq"), bool):
+                stream, seq = msg["stream"], msg["seq"]
+                known = self.streams.get(stream)
+                if known is not None and known.next_seq is not None:
+                    extra["expected"] = known.next_seq
+            return self._refuse(origin, e.code, str(e), stream, seq, **extra)
         return self._accept(data, origin, t_recv)
 
-    def _refuse(self, origin, code, message, stream, seq) -> list:
+    def _refuse(self, origin, code, message, stream, seq, **extra) -> list:
         self.metrics.error(code)
         if code in ("overloaded", "no_slot"):
             self.metrics.count("dropped")
-        err = {"type": "error", "code": code, "message": message}
+        err = {"type": "error", "code": code, "message": message, **extra}
         if stream is not None:
             err["stream"], err["seq"] = stream, seq
         raw = wire.encode(err)
@@ -118,14 +128,14 @@ class EngineCore:
         if expected is not None and seq != expected:
             if seq < expected:
                 return self._refuse(origin, "repeat", f"stream '{name}': seq {seq} was already received "
-                                    f"(expected {expected})", name, seq)
+                                    f"(expected {expected})", name, seq, expected=expected)
             if not st.resync and self.cfg.engine.on_gap == "reject":
                 return self._refuse(origin, "gap", f"stream '{name}': seq {seq} skips ahead (expected "
-                                    f"{expected}); resend from {expected}", name, seq)
+                                    f"{expected}); resend from {expected}", name, seq, expected=expected)
             self.metrics.count("lost_on_resync", seq - expected)
         if len(st.pending) >= self.cfg.engine.max_pending:
             return self._refuse(origin, "overloaded", f"stream '{name}' has {len(st.pending)} steps queued; "
-                                "slow down or raise engine.max_pending", name, seq)
+                                "slow down or raise engine.max_pending", name, seq, expected=seq)
         st.next_seq, st.resync, st.last_seen = seq + 1, False, t_recv
         if st.slot is None:
             st.slot = self._take_slot()

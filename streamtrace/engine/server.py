@@ -94,7 +94,9 @@ class Engine:
         stats_every = self.cfg.publish.stats_every_s
         next_stats = clock() + stats_every
         deadline = None if max_seconds is None else clock() + max_seconds
-        drain_max = self.cfg.engine.slots * self.cfg.engine.micro_batch
+        # read at most this much before stepping: one stream's queue then never passes
+        # engine.max_pending, and what waits beyond it stays in ZeroMQ (back-pressure)
+        drain_max = min(self.cfg.engine.slots * self.cfg.engine.micro_batch, self.cfg.engine.max_pending)
         try:
             while not self._stop:
                 timeout = 0 if core.has_pending() else 50
@@ -117,7 +119,7 @@ class Engine:
                             events.pop(self.pull, None)
                     if not got:
                         break
-                if core.has_pending():
+                while core.has_pending():
                     self._send(core.tick())
                 now = clock()
                 if now >= next_stats:

@@ -1,0 +1,134 @@
+"""Helpers for the end-to-end engine tests (tests/test_engine_e2e.py).
+
+* ``running_engine``: write a TOML config, start ``python -m streamtrace serve`` in a child
+  process with ``streamtrace.cli.start_engine`` and stop it (SIGTERM) on the way out;
+  sockets are ipc:// endpoints in a short temporary folder (ipc paths are limited to ~100
+  characters, pytest's tmp_path can be longer).
+* ``supervised_data``: the deterministic per-stream data of the multi-stream test, generated
+  identically in the client processes and in the test process.
+* Run as a script (``python engine_helpers.py client ...``) it is one sensor process of the
+  multi-stream test: 16 streams pipelined over one DEALER, every reply counted per
+  (stream, seq) and written to an .npz file.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+N_IN, N_OUT = 3, 2
+
+
+# ---- the engine in another process -----------------------------------------------------------
+@contextlib.contextmanager
+def running_engine(folder: Path, sections: dict, *, name: str = "engine"):
+    """Yields ``(proc, endpoints, config_path)``; endpoints: router, pull, pub (ipc://)."""
+    from streamtrace.cli import start_engine, stop, write_config
+    sock_dir = Path(tempfile.mkdtemp(prefix="st-", dir="/tmp"))
+    ep = {k: f"ipc://{sock_dir}/{k}" for k in ("router", "pull", "pub")}
+    sections = {k: dict(v) for k, v in sections.items()}
+    sections.setdefault("sockets", {}).update(ep)
+    cfg_path = write_config(Path(folder) / f"{name}.toml", sections)
+    proc = start_engine(cfg_path)
+    try:
+        yield proc, ep, cfg_path
+    finally:
+        try:
+            stop(proc)
+        finally:
+            if proc.stdout is not None:
+                proc.stdout.close()
+            shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+def stop_gracefully(proc, timeout: float = 30.0) -> int:
+    """SIGTERM and wait: the engine drains, writes its final checkpoint and exits."""
+    proc.terminate()
+    return proc.wait(timeout)
+
+
+def loss_value(reply) -> float:
+    return float("nan") if reply["loss"] is None else float(reply["loss"])
+
+
+# ---- multi-stream data ---------------------------------------------------------------------------
+def stream_name(proc_index: int, j: int) -> str:
+    return f"p{proc_index}-s{j:02d}"
+
+
+def stream_index(name: str, per_proc: int) -> int:
+    p, s = name[1:].split("-s")
+    return int(p) * per_proc + int(s)
+
+
+def supervised_data(index: int, steps: int):
+    """Inputs (steps, N_IN) and targets (steps, N_OUT), float32, different for every stream."""
+    rng = np.random.default_rng(1000 + index)
+    t = np.arange(steps, dtype=np.float64)[:, None]
+    phase, freq = rng.uniform(0, 2 * np.pi), rng.uniform(0.1, 0.3)
+    xs = np.sin(freq * t + phase + np.arange(N_IN)) + 0.1 * rng.standard_normal((steps, N_IN))
+    ys = 0.8 * np.sin(freq * t - 1.0 + phase + np.arange(N_OUT))
+    return xs.astype(np.float32), ys.astype(np.float32)
+
+
+# ---- one sensor process of the multi-stream test ----------------------------------------------
+def run_client(endpoint: str, proc_index: int, per_proc: int, steps: int, window: int, out: str):
+    """Pipelined: step t of every stream is sent, and the replies are read ``window`` steps
+    behind. Every reply (prediction or error) is counted per (stream, seq)."""
+    from streamtrace.adapters import SensorClient
+    names = [stream_name(proc_index, j) for j in range(per_proc)]
+    data = [supervised_data(stream_index(n, per_proc), steps) for n in names]
+    counts = np.zeros((per_proc, steps), np.int64)
+    preds = np.full((per_proc, steps, N_OUT), np.nan, np.float32)
+    engine_step = np.zeros((per_proc, steps), np.int64)
+    errors, unexpected = [], []
+    col = {n: j for j, n in enumerate(names)}
+
+    def take(reply):
+        if reply["type"] == "error":
+            errors.append({k: reply.get(k) for k in ("code", "message", "stream", "seq")})
+            return
+        j, seq = col.get(reply["stream"]), reply["seq"]
+        if j is None or not 0 <= seq < steps:
+            unexpected.append(f"{reply['stream']}/{seq}")
+            return
+        counts[j, seq] += 1
+        preds[j, seq] = reply.pred
+        engine_step[j, seq] = reply["step"]
+
+    sent = received = 0
+    with SensorClient(endpoint, stream=names[0], timeout_s=60) as c:
+        for t in range(steps):
+            for j, n in enumerate(names):
+                xs, ys = data[j]
+                c.send(xs[t], ys[t], stream=n, seq=t)
+                sent += 1
+            while sent - received > window * per_proc:
+                take(c.recv(raise_errors=False))
+                received += 1
+        while received < sent:
+            take(c.recv(raise_errors=False))
+            received += 1
+        # anything beyond one answer per message would show up here
+        c.timeout_ms = 300
+        while True:
+            try:
+                take(c.recv(raise_errors=False))
+            except TimeoutError:
+                break
+    np.savez(out, counts=counts, preds=preds, steps=engine_step, names=np.array(names),
+             errors=np.array(json.dumps(errors)), unexpected=np.array(json.dumps(unexpected)))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 8 or sys.argv[1] != "client":
+        sys.exit("usage: engine_helpers.py client ENDPOINT PROC_INDEX PER_PROC STEPS WINDOW OUT.npz")
+    t0 = time.perf_counter()
+    run_client(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]), sys.argv[7])
+    print(f"client {sys.argv[3]} done in {time.perf_counter() - t0:.1f}s", flush=True)
