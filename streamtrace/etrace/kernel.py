@@ -95,14 +95,23 @@ def partial_signal(g_total: list, P: list) -> list:
     """Remove the within-step chains between a group's states from the learning signal.
 
     The traces already carry them (F and D are total derivatives through the step), so the
-    signal must be the partial derivative: g_partial = P^-T g_total, per neuron.
+    signal must be the partial derivative: g_partial = P^-T g_total, per neuron. The chains
+    follow the order in which the step computes the states, so P = I + N with N nilpotent
+    (N^S = 0) and P^-T g = sum_k (-N^T)^k g for k < S: a few element-wise products instead of
+    a batched LAPACK solve per neuron (which is slow under vmap on CPU).
     """
     out = []
     for g, p in zip(g_total, P):
         if p is None:
             out.append(g)
-        else:
-            out.append(jnp.linalg.solve(jnp.swapaxes(p, -1, -2), g[..., None])[..., 0])
+            continue
+        S = p.shape[-1]
+        neg_nt = jnp.eye(S, dtype=p.dtype) - jnp.swapaxes(p, -1, -2)   # -N^T
+        term, acc = g, g
+        for _ in range(S - 1):
+            term = jnp.sum(neg_nt * term[..., None, :], axis=-1)
+            acc = acc + term
+        out.append(acc)
     return out
 
 

@@ -66,10 +66,25 @@ def choose_width(shapes, lo=8, hi=4096) -> int:
 
 
 class Layout:
-    """Static description of a pytree of arrays as per-dtype (rows, width) buffers."""
+    """Static description of a pytree of arrays as per-dtype (rows, width) buffers, plus the
+    leaves of at least ``standalone`` elements as buffers of their own.
 
-    def __init__(self, tree):
+    Packing costs a copy of every leaf per step; for big leaves (weights, moments, traces)
+    that copy costs more than the ~1 us per extra buffer, and a buffer of its own can be
+    updated in place when the call donates its inputs.
+    """
+
+    def __init__(self, tree, standalone: int | None = None):
         leaves, self.treedef = jax.tree_util.tree_flatten_with_path(tree)
+        big = (lambda leaf: standalone is not None and int(np.prod(np.shape(leaf))) >= standalone)
+        self.alone = [i for i, (_, leaf) in enumerate(leaves) if big(leaf)]
+        self.alone_names = [path_name(leaves[i][0]) for i in self.alone]
+        alone = set(self.alone)
+        self._all_names = [path_name(kp) for kp, _ in leaves]
+        self._alone_meta = [(tuple(np.shape(leaves[i][1])), np.dtype(jnp.asarray(leaves[i][1]).dtype))
+                            for i in self.alone]
+        leaves = [lf for i, lf in enumerate(leaves) if i not in alone]
+        self._packed_index = [i for i in range(len(self._all_names)) if i not in alone]
         self.dtypes: list[np.dtype] = []
         groups: list[list] = []
         for kp, leaf in leaves:
@@ -89,13 +104,23 @@ class Layout:
             self.slots.append(_Slot(path_name(kp), b, rows[b], n_rows, tuple(np.shape(leaf)), dt))
             rows[b] += n_rows
         self.shapes = tuple((r, w) for r, w in zip(rows, self.widths))
-        names = [s.name for s in self.slots]
-        if len(set(names)) != len(names):
+        if len(set(self._all_names)) != len(self._all_names):
             raise ValueError("state names must be unique")
 
     @property
     def names(self) -> tuple[str, ...]:
-        return tuple(s.name for s in self.slots)
+        return tuple(self._all_names)
+
+    def _split(self, leaves):
+        return [leaves[i] for i in self._packed_index], [leaves[i] for i in self.alone]
+
+    def _join(self, packed, alone):
+        out = [None] * len(self._all_names)
+        for i, v in zip(self._packed_index, packed):
+            out[i] = v
+        for i, v in zip(self.alone, alone):
+            out[i] = v
+        return out
 
     def _block(self, slot, leaf):
         w = self.widths[slot.buffer]
@@ -106,12 +131,13 @@ class Layout:
         return flat.reshape(slot.rows, w)
 
     def pack(self, tree) -> tuple:
-        """Inside or outside jit: tree -> tuple of (rows, width) buffers."""
-        leaves = self.treedef.flatten_up_to(tree)
+        """Inside or outside jit: tree -> (packed (rows, width) buffers..., standalone leaves...)."""
+        packed, alone = self._split(self.treedef.flatten_up_to(tree))
         parts = [[] for _ in self.dtypes]
-        for slot, leaf in zip(self.slots, leaves):
+        for slot, leaf in zip(self.slots, packed):
             parts[slot.buffer].append(self._block(slot, leaf))
-        return tuple(jnp.concatenate(p, axis=0) for p in parts)
+        return tuple(jnp.concatenate(p, axis=0) for p in parts) + tuple(
+            jnp.asarray(a, dt) for a, (_, dt) in zip(alone, self._alone_meta))
 
     def _view(self, buf, slot):
         block = buf[slot.row:slot.row + slot.rows]
@@ -120,13 +146,16 @@ class Layout:
         return block.reshape(-1)[:slot.size].reshape(slot.shape)
 
     def unpack(self, buffers):
-        leaves = [self._view(buffers[s.buffer], s) for s in self.slots]
-        return jax.tree_util.tree_unflatten(self.treedef, leaves)
+        n = len(self.dtypes)
+        packed = [self._view(buffers[s.buffer], s) for s in self.slots]
+        return jax.tree_util.tree_unflatten(self.treedef, self._join(packed, list(buffers[n:])))
 
     def to_named(self, buffers) -> dict:
         """Host copy as {name: numpy array} (for checkpoints and inspection)."""
         host = [np.asarray(b) for b in buffers]
-        return {s.name: np.array(self._view(host[s.buffer], s)) for s in self.slots}
+        n = len(self.dtypes)
+        packed = [np.array(self._view(host[s.buffer], s)) for s in self.slots]
+        return dict(zip(self._all_names, self._join(packed, [np.array(a) for a in host[n:]])))
 
     def from_named(self, named: dict) -> tuple:
         host = [np.zeros(shape, dt) for shape, dt in zip(self.shapes, self.dtypes)]
@@ -135,7 +164,15 @@ class Layout:
             flat = np.zeros(s.rows * w, s.dtype)
             flat[:s.size] = np.asarray(named[s.name], s.dtype).ravel()
             host[s.buffer][s.row:s.row + s.rows] = flat.reshape(s.rows, w)
-        return tuple(jnp.asarray(h) for h in host)
+        alone = [np.asarray(named[n], dt).reshape(shape)
+                 for n, (shape, dt) in zip(self.alone_names, self._alone_meta)]
+        return tuple(jnp.asarray(h) for h in host + alone)
+
+    def entries(self) -> list[tuple[str, tuple, np.dtype]]:
+        """(name, shape, dtype) of every leaf, in tree order."""
+        meta = {s.name: (s.shape, s.dtype) for s in self.slots}
+        meta.update({n: m for n, m in zip(self.alone_names, self._alone_meta)})
+        return [(n, *meta[n]) for n in self._all_names]
 
     def signature(self) -> list:
-        return [[s.name, list(s.shape), s.dtype.str] for s in self.slots]
+        return [[n, list(shape), dt.str] for n, shape, dt in self.entries()]
