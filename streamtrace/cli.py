@@ -211,8 +211,8 @@ def cmd_bench(args) -> int:
                 ep = (f"ipc://{work}/{server}-{int(pinned)}" if transport == "ipc"
                       else f"tcp://127.0.0.1:{args.port + len(rows)}")
                 if server == "echo":
-                    proc = subprocess.Popen([sys.executable, "-m", "streamtrace.engine.echo", ep, str(cpu or -1)
-                                             if pinned else "-1"], stdout=subprocess.PIPE, text=True)
+                    proc = subprocess.Popen([sys.executable, "-m", "streamtrace.engine.echo", ep,
+                                             str(cpu if pinned else -1)], stdout=subprocess.PIPE, text=True)
                     proc.stdout.readline()
                 else:
                     cfg = write_config(work / f"engine-{transport}-{int(pinned)}.toml", {
