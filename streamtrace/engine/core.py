@@ -63,6 +63,7 @@ class EngineCore:
         self._since_ckpt = 0
         self._published_params: dict | None = None
         self.ckpt = CheckpointDir(cfg.checkpoint.dir, cfg.checkpoint.keep) if cfg.checkpoint.dir else None
+        self._input_cache: dict = {}
         self.buckets = sorted({1 << i for i in range(ec.micro_batch.bit_length()) if 1 << i <= ec.micro_batch}
                               | {ec.micro_batch})
 
@@ -175,10 +176,7 @@ class EngineCore:
         if self.ckpt and self._since_ckpt + n_msgs > self.cfg.checkpoint.every:
             self.save_checkpoint()
         L, supervised = self.learner, self.cfg.learning.mode == "supervised"
-        xs = np.zeros((k, L.n) + self.x_shape, L.x_dtype)
-        ys = np.zeros((k, L.n) + self.y_shape, L.y_dtype)
-        active = np.zeros((k, L.n), bool)
-        learn = np.zeros((k, L.n), bool)
+        xs, ys, active, learn = self._inputs(k)
         taken = []
         for st in busy:
             for j in range(min(len(st.pending), k)):
@@ -216,6 +214,19 @@ class EngineCore:
         if every and self._since_publish >= every:
             out.append(("pub", b"weights", self.weights_message("update")))
         return out
+
+    def _inputs(self, k):
+        """Reusable input arrays for a k-step call (the learner copies them at the call);
+        masks cleared, stale x/y of inactive slots are ignored by the step."""
+        bufs = self._input_cache.get(k)
+        if bufs is None:
+            L = self.learner
+            bufs = self._input_cache[k] = (np.zeros((k, L.n) + self.x_shape, L.x_dtype),
+                                           np.zeros((k, L.n) + self.y_shape, L.y_dtype),
+                                           np.zeros((k, L.n), bool), np.zeros((k, L.n), bool))
+        bufs[2][:] = False
+        bufs[3][:] = False
+        return bufs
 
     # ---- weights ------------------------------------------------------------------------
     def weights_message(self, kind: str) -> bytes:

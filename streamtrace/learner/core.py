@@ -266,8 +266,8 @@ class OnlineLearner:
         return [self._decode(v) for v in per]
 
     def _decode(self, vec) -> StepResult:
-        n_out = int(np.prod(self.out_shape)) * (1 if self.slots is None else self.n)
         pred_shape = self.out_shape if self.slots is None else (self.n,) + self.out_shape
+        n_out = int(np.prod(pred_shape))
         pred = vec[:n_out].reshape(pred_shape)
         loss = vec[n_out:n_out + self.n]
         applied = vec[n_out + self.n:] > 0.5
