@@ -47,6 +47,9 @@ class EngineSection:
     max_pending: int = 256        # per stream; beyond it messages are refused as "overloaded"
     max_message_bytes: int = 1 << 20
     cpu: int = -1                 # pin the engine to this CPU (-1: no pinning)
+    sync_dispatch: bool = True    # run each compiled step on the calling thread: every step is
+                                  # awaited anyway, and a hand-off to jax's worker thread costs
+                                  # a cross-thread wake-up per message
     on_gap: str = "reject"        # a sequence gap: "reject" the message, or "accept" and count it
 
 

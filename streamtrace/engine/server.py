@@ -28,6 +28,9 @@ class Engine:
         self.cfg = cfg
         if cfg.engine.cpu >= 0:
             os.sched_setaffinity(0, {cfg.engine.cpu})
+        if cfg.engine.sync_dispatch:
+            import jax
+            jax.config.update("jax_cpu_enable_async_dispatch", False)
         self.core = EngineCore(cfg)
         self.core.warmup()
         self.resumed = self.core.resume()
