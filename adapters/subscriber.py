@@ -10,7 +10,6 @@ from __future__ import annotations
 import numpy as np
 import zmq
 
-from streamtrace import wire
 
 from .client import SensorClient, decode_reply
 

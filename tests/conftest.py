@@ -1,5 +1,4 @@
 import brainstate
-import jax
 import pytest
 
 

@@ -16,7 +16,6 @@ import numpy as np
 import optax
 import pytest
 
-import streamtrace as st
 from streamtrace.learner import CheckpointDir, CheckpointError, read_checkpoint, write_checkpoint
 
 TESTS_DIR = Path(__file__).resolve().parent

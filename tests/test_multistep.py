@@ -31,6 +31,20 @@ def _window_grad(algo, params, h, tr, xs, ys, *extra):
     return jax.jit(jax.grad(L))(params)
 
 
+def _full_history_grad(model, params, h0, xs, ys):
+    """Oracle: BPTT of the window's loss through the whole history from step 0."""
+    f = ModelFunction(model)
+
+    def full(p):
+        hh, loss = h0, 0.0
+        for t in range(T0 + K):
+            out, hh = f(p, hh, xs[t])
+            if t >= T0:
+                loss = loss + mse(out, ys[t])
+        return loss
+    return jax.grad(full)(params)
+
+
 def test_multistep_equals_window_bptt_plus_trace_term_on_gru(x64):
     model = gru_net()
     xs, ys = _data()
@@ -66,17 +80,7 @@ def test_multistep_rtrl_equals_full_bptt_on_gru(x64):
     algo = st.RTRL(model, xs[0], vjp_method="multi-step")
     params, h, tr = _prefix(algo, xs)
     got = _window_grad(algo, params, h, tr, xs, ys)
-    f = ModelFunction(model)
-    h0 = algo.graph.init_hidden()
-
-    def full(p):
-        hh, loss = h0, 0.0
-        for t in range(T0 + K):
-            out, hh = f(p, hh, xs[t])
-            if t >= T0:
-                loss = loss + mse(out, ys[t])
-        return loss
-    want = jax.grad(full)(params)
+    want = _full_history_grad(model, params, algo.graph.init_hidden(), xs, ys)
     for n in params:
         assert rel_err(got[n], want[n]) <= 1e-9, n
 
@@ -90,17 +94,7 @@ def test_window_on_elementwise_model_equals_full_bptt(x64, method):
     algo = st.D_RTRL(model, xs[0], vjp_method=method)
     params, h, tr = _prefix(algo, xs)
     got = _window_grad(algo, params, h, tr, xs, ys)
-    f = ModelFunction(model)
-    h0 = algo.graph.init_hidden()
-
-    def full(p):
-        hh, loss = h0, 0.0
-        for t in range(T0 + K):
-            out, hh = f(p, hh, xs[t])
-            if t >= T0:
-                loss = loss + mse(out, ys[t])
-        return loss
-    want = jax.grad(full)(params)
+    want = _full_history_grad(model, params, algo.graph.init_hidden(), xs, ys)
     for n in params:
         assert rel_err(got[n], want[n]) <= 1e-9, n
 

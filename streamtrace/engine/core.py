@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import wire
 from ..learner import OnlineLearner
-from ..learner.checkpoint import CheckpointDir, CheckpointError
+from ..learner.checkpoint import CheckpointDir
 from .config import ConfigError, EngineConfig, build_model, make_optimizer
 from .metrics import Metrics
 

@@ -238,7 +238,7 @@ def compile_graph(model, *example_args) -> ETraceGraph:
 
     # --- which group each marked op drives
     drives = {op.index: {} for op in res.ops}
-    for i, n in enumerate(H):
+    for i in range(len(H)):
         for src, (kind, why) in deps_of(hidden_outvars[i]).items():
             if src[0] == "y":
                 drives[src[1]][i] = (kind, why)

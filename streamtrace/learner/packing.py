@@ -87,7 +87,7 @@ class Layout:
         self._packed_index = [i for i in range(len(self._all_names)) if i not in alone]
         self.dtypes: list[np.dtype] = []
         groups: list[list] = []
-        for kp, leaf in leaves:
+        for _, leaf in leaves:
             dt = np.dtype(jnp.asarray(leaf).dtype)
             if dt not in self.dtypes:
                 self.dtypes.append(dt)

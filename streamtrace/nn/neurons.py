@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 
 import brainstate
-import jax
 import jax.numpy as jnp
 
 from . import ops
