@@ -190,7 +190,10 @@ class EngineCore:
                 else:
                     learn[j, st.slot] = d["mode"] == "learn"
                 taken.append((j, st.slot, d, origin, t_recv))
-        results = L.step_many(xs, ys, active, learn) if k > 1 else [L.step(xs[0], ys[0], active[0], learn[0])]
+        if k > 1:
+            results = L.decode(L.step_unchecked(xs, ys, active, learn, k), k)
+        else:
+            results = [L.decode(L.step_unchecked(xs[0], ys[0], active[0], learn[0]))]
         self.steps += len(taken)
         self._since_publish += len(taken)
         self._since_ckpt += len(taken)

@@ -265,6 +265,16 @@ class OnlineLearner:
         per = np.asarray(vec).reshape(k, -1)
         return [self._decode(v) for v in per]
 
+    def step_unchecked(self, x, y, active, learn, k: int | None = None) -> np.ndarray:
+        """The engine's path: arrays already of the right shapes and dtypes (a leading k axis
+        for k steps), no validation; returns the raw output vector (see ``decode``)."""
+        self.buffers, vec = self.compiled(k)(self.buffers, x, y, active, learn)
+        return np.asarray(vec)
+
+    def decode(self, vec, k: int | None = None) -> list[StepResult] | StepResult:
+        """Split ``step_unchecked``'s vector into StepResults (a list when k is given)."""
+        return self._decode(vec) if k is None else [self._decode(v) for v in vec.reshape(k, -1)]
+
     def _decode(self, vec) -> StepResult:
         pred_shape = self.out_shape if self.slots is None else (self.n,) + self.out_shape
         n_out = int(np.prod(pred_shape))
