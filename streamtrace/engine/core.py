@@ -159,6 +159,7 @@ class EngineCore:
         for name, st in list(self.streams.items()):
             if not st.pending and now - st.last_seen > self.cfg.engine.idle_timeout_s:
                 del self.streams[name]
+                self.metrics.stream_loss.pop(name, None)
                 self.free.append(st.slot)
 
     def has_pending(self) -> bool:
