@@ -507,3 +507,23 @@ def test_forecast_needs_output_shaped_like_input(x64):
     assert r.prediction.shape == (3,) and np.all(np.isnan(r.loss)) and r.applied is False
     r = learner.step(np.ones(3) * 0.5)
     assert np.all(np.isfinite(r.loss)) and r.applied is True
+
+
+def test_pure_step_is_the_compiled_step(x64):
+    """learner.pure_step() is the hot path as a pure function of the named state tree: run
+    under jax.jit it gives the same predictions and state as learner.step."""
+    learner = st.OnlineLearner(CellNet(nn.GRUCell, n_in=3, n_hidden=5, n_out=2), np.zeros(3),
+                               optimizer=optax.adam(1e-2))
+    state = learner.layout.unpack(learner.buffers)
+    step = jax.jit(learner.pure_step())
+    rng = np.random.default_rng(4)
+    for _ in range(5):
+        x, y = rng.normal(size=3), rng.normal(size=2)
+        state, pred, loss, applied = step(state, x, y)
+        r = learner.step(x, y)
+        np.testing.assert_allclose(pred, r.prediction, rtol=1e-12)
+        np.testing.assert_allclose(loss, r.loss, rtol=1e-12)
+    got = learner.layout.to_named(learner.layout.pack(state))
+    want = learner.layout.to_named(learner.buffers)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-12, err_msg=name)

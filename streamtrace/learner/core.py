@@ -11,7 +11,7 @@ import numpy as np
 import optax
 
 from .algorithms import make_algorithm
-from .checkpoint import CheckpointDir, read_checkpoint, write_checkpoint
+from .checkpoint import read_checkpoint, write_checkpoint
 from .losses import get_loss
 from .packing import Layout
 from .step import StepConfig, StepFunctions
@@ -328,7 +328,4 @@ class OnlineLearner:
         arrays, header = read_checkpoint(path, expect_signature=self.signature())
         self.load_state_dict(arrays)
         return header
-
-    def checkpoints(self, folder, keep: int = 3) -> CheckpointDir:
-        return CheckpointDir(folder, keep)
 
