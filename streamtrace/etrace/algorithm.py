@@ -135,12 +135,7 @@ class ETraceVjpAlgorithm:
         graph = self.graph
 
         def run_window(params, hidden, traces, seq_args, const_args, mask):
-            def body(carry, xs_t):
-                h, tr = carry
-                out, h, tr = self.forward(params, h, tr, _merge_args(xs_t, const_args, mask))
-                return (h, tr), out
-            (h, tr), outs = jax.lax.scan(body, (hidden, traces), seq_args)
-            return outs, h, tr
+            return _scan_steps(self.forward, params, hidden, traces, seq_args, const_args, mask)
 
         def unrolled(params, hidden, seq_args, const_args, mask):
             def body(h, xs_t):
@@ -164,7 +159,7 @@ class ETraceVjpAlgorithm:
             dp, dh0, dseq, dconst = vjp_u((ct_outs, ct_h))
             # paths from before the window reach the weights through the traces at its start
             dtrace = self.weight_grads(traces, kernel.group_stack(graph, dh0))
-            grads = {n: dp[n] + dtrace[n] if n in dtrace else dp[n] for n in params}
+            grads = {n: _sum_present(dtrace.get(n), dp[n]) for n in params}
             return grads, kernel.zeros_like_tree(hidden), kernel.zeros_like_tree(traces), dseq, dconst
 
         _window.defvjp(fwd, bwd)
@@ -185,13 +180,17 @@ class ETraceVjpAlgorithm:
             raise ValueError(f"MultiStepData inputs disagree on the window length (axis 0): {sorted(lengths)}")
         if self.vjp_method == "multi-step":
             return self._window(params, hidden, traces, seq, const, mask)
+        return _scan_steps(self._step, params, hidden, traces, seq, const, mask)
 
-        def body(carry, xs_t):
-            h, tr = carry
-            out, h, tr = self._step(params, h, tr, _merge_args(xs_t, const, mask))
-            return (h, tr), out
-        (h, tr), outs = jax.lax.scan(body, (hidden, traces), seq)
-        return outs, h, tr
+
+def _scan_steps(step, params, hidden, traces, seq, const, mask):
+    """Run ``step(params, hidden, traces, args)`` over the window: (stacked outputs, hidden, traces)."""
+    def body(carry, xs_t):
+        h, tr = carry
+        out, h, tr = step(params, h, tr, _merge_args(xs_t, const, mask))
+        return (h, tr), out
+    (h, tr), outs = jax.lax.scan(body, (hidden, traces), seq)
+    return outs, h, tr
 
 
 def _merge_args(seq_t, const, mask):
