@@ -1,8 +1,20 @@
 """streamtrace: streaming online learning for recurrent and spiking networks."""
 from . import nn
+from .etrace import (
+                     D_RTRL,
+                     ES_D_RTRL,
+                     RTRL,
+                     CompileError,
+                     ETraceGraph,
+                     ETraceVjpAlgorithm,
+                     KappaFilter,
+                     MultiStepData,
+                     RandomFeedback,
+                     SingleStepData,
+                     compile_graph,
+                     pp_prop,
+)
 from .learner import CheckpointError, OnlineLearner
-from .etrace import (D_RTRL, ES_D_RTRL, RTRL, CompileError, ETraceGraph, ETraceVjpAlgorithm,
-                     KappaFilter, MultiStepData, RandomFeedback, SingleStepData, compile_graph, pp_prop)
 
 __all__ = ["nn", "OnlineLearner", "CheckpointError", "compile_graph", "ETraceGraph", "CompileError", "ETraceVjpAlgorithm", "D_RTRL",
            "ES_D_RTRL", "pp_prop", "RTRL", "SingleStepData", "MultiStepData", "RandomFeedback",

@@ -10,21 +10,19 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from .algorithm import ETraceVjpAlgorithm
+from .kernel import sum_s
 
 __all__ = ["D_RTRL"]
 
 
 def decay_diag(D, e):
-    """Apply each neuron's S x S Jacobian to its trace: (..., O, S, S) x (..., [I,] O, S).
-
-    Written as broadcast-multiply-sum, not einsum: on CPU an einsum here lowers to a batched
-    dot with transposes, which XLA then fuses badly into the packed state update.
-    """
+    """Apply each neuron's S x S Jacobian to its trace: (..., O, S, S) x (..., [I,] O, S)."""
     if e.ndim == D.ndim:  # (..., I, O, S): one trace per input unit
         D = D[..., None, :, :, :]
-    if D.shape[-1] == 1:
+    S = D.shape[-1]
+    if S == 1:
         return D[..., 0] * e
-    return jnp.sum(D * e[..., None, :], axis=-1)
+    return jnp.stack([sum_s([D[..., s, t] * e[..., t] for t in range(S)]) for s in range(S)], axis=-1)
 
 
 def contract(g, e):
@@ -32,7 +30,8 @@ def contract(g, e):
     batch_axes = tuple(range(g.ndim - 2))
     if e.ndim > g.ndim:
         g = g[..., None, :, :]
-    return jnp.sum(jnp.sum(g * e, axis=-1), axis=batch_axes)
+    per = sum_s([g[..., s] * e[..., s] for s in range(e.shape[-1])])
+    return jnp.sum(per, axis=batch_axes) if batch_axes else per
 
 
 class D_RTRL(ETraceVjpAlgorithm):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from .d_rtrl import D_RTRL, decay_diag
+from .kernel import sum_s
 
 __all__ = ["ES_D_RTRL", "pp_prop"]
 
@@ -67,7 +68,8 @@ class ES_D_RTRL(D_RTRL):
             if r.kind != "matmul":
                 grads[r.weight] = jnp.einsum("...os,...os->o", gg, traces[f"eps.{r.weight}"])
                 continue
-            out_signal = jnp.sum(gg * traces[f"fbar.{r.weight}"], axis=-1)   # (..., O)
+            fbar = traces[f"fbar.{r.weight}"]
+            out_signal = sum_s([gg[..., s] * fbar[..., s] for s in range(fbar.shape[-1])])   # (..., O)
             grads[r.weight] = jnp.einsum("...i,...o->io", traces[f"xbar.{r.weight}"], out_signal)
             if r.bias:
                 grads[r.bias] = jnp.einsum("...,...o->o", traces[f"xbar.{r.bias}"], out_signal)
