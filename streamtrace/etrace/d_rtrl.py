@@ -30,6 +30,8 @@ def contract(g, e):
     batch_axes = tuple(range(g.ndim - 2))
     if e.ndim > g.ndim:
         g = g[..., None, :, :]
+    if e.shape[-1] == 1:  # one state: a plain product-sum, which XLA lowers as a dot
+        return jnp.sum(jnp.sum(g * e, axis=-1), axis=batch_axes)
     per = sum_s([g[..., s] * e[..., s] for s in range(e.shape[-1])])
     return jnp.sum(per, axis=batch_axes) if batch_axes else per
 

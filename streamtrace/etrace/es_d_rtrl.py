@@ -69,7 +69,8 @@ class ES_D_RTRL(D_RTRL):
                 grads[r.weight] = jnp.einsum("...os,...os->o", gg, traces[f"eps.{r.weight}"])
                 continue
             fbar = traces[f"fbar.{r.weight}"]
-            out_signal = sum_s([gg[..., s] * fbar[..., s] for s in range(fbar.shape[-1])])   # (..., O)
+            out_signal = (gg * fbar)[..., 0] if fbar.shape[-1] == 1 else \
+                sum_s([gg[..., s] * fbar[..., s] for s in range(fbar.shape[-1])])   # (..., O)
             grads[r.weight] = jnp.einsum("...i,...o->io", traces[f"xbar.{r.weight}"], out_signal)
             if r.bias:
                 grads[r.bias] = jnp.einsum("...,...o->o", traces[f"xbar.{r.bias}"], out_signal)
