@@ -2,6 +2,7 @@
 import brainstate
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from streamtrace import nn
 from streamtrace.etrace.model_fn import ModelFunction
@@ -126,3 +127,21 @@ class Chained(brainstate.nn.Module):
 
 def chained_net(**kw):
     return make(Stack(Chained, gain=1.0, **kw))
+
+
+def online_rows(algo, params, xs, ys):
+    """Per step, with weights frozen: the online gradient of sum((out - y)^2), the output,
+    the new hidden state and the new traces, as NumPy."""
+    _, hidden, traces = algo.init_state()
+
+    def loss(p, h, tr, x, y):
+        out, h, tr = algo(p, h, tr, x)
+        return jnp.sum((out - y) ** 2), (out, h, tr)
+
+    step = jax.jit(jax.grad(loss, has_aux=True))
+    to_np = lambda tree: jax.tree_util.tree_map(np.asarray, tree)
+    rows = []
+    for t in range(len(xs)):
+        g, (out, hidden, traces) = step(params, hidden, traces, jnp.asarray(xs[t]), jnp.asarray(ys[t]))
+        rows.append(dict(grads=to_np(g), out=np.asarray(out), hidden=to_np(hidden), traces=to_np(traces)))
+    return rows

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from models import online_rows
 
 import streamtrace as st
 from streamtrace import nn
@@ -80,24 +81,6 @@ def numpy_es_d_rtrl(W, b, xs, ys, a):
 
 
 # ---- running the library --------------------------------------------------------------------
-def run_algo(algo, params, xs, ys):
-    """The online gradient at every step, with the step's output, hidden state and traces."""
-    _, hidden, traces = algo.init_state()
-
-    def loss(p, h, tr, x, y):
-        out, h, tr = algo(p, h, tr, x)
-        return jnp.sum((out - y) ** 2), (out, h, tr)
-
-    step = jax.jit(jax.grad(loss, has_aux=True))
-    rows = []
-    for t in range(len(xs)):
-        g, (out, hidden, traces) = step(params, hidden, traces, jnp.asarray(xs[t]), jnp.asarray(ys[t]))
-        rows.append(dict(grads=jax.tree_util.tree_map(np.asarray, g), out=np.asarray(out),
-                         hidden=jax.tree_util.tree_map(np.asarray, hidden),
-                         traces=jax.tree_util.tree_map(np.asarray, traces)))
-    return rows
-
-
 def close(actual, desired, rtol=1e-9):
     desired = np.asarray(desired)
     atol = rtol * max(float(np.max(np.abs(desired))), 1e-300)
@@ -118,7 +101,7 @@ def test_es_d_rtrl_matches_numpy_formulas_every_step(x64, decay):
 
     W, b = np.asarray(params["inp.W"], np.float64), np.asarray(params["inp.b"], np.float64)
     ref = numpy_es_d_rtrl(W, b, xs, ys, decay)
-    got = run_algo(algo, params, xs, ys)
+    got = online_rows(algo, params, xs, ys)
 
     spikes = np.stack([r["spike"] for r in ref])
     # the run must exercise spikes and resets, and the gradient must be non-trivial
@@ -146,7 +129,7 @@ def test_es_d_rtrl_decay_zero_is_instantaneous(x64):
     xs, ys = make_data()
     algo = st.ES_D_RTRL(model, jnp.asarray(xs[0]), decay=0.0)
     params, _, _ = algo.init_state()
-    got = run_algo(algo, params, xs[:10], ys[:10])
+    got = online_rows(algo, params, xs[:10], ys[:10])
     for t in range(10):
         np.testing.assert_array_equal(got[t]["traces"]["xbar.inp.W"], xs[t])
         np.testing.assert_array_equal(got[t]["traces"]["fbar.inp.W"], np.ones((B, H, 1)))
@@ -161,7 +144,7 @@ def test_es_d_rtrl_differs_from_numpy_with_wrong_decay(x64):
     params, _, _ = algo.init_state()
     W, b = np.asarray(params["inp.W"]), np.asarray(params["inp.b"])
     ref = numpy_es_d_rtrl(W, b, xs, ys, 0.5)
-    got = run_algo(algo, params, xs, ys)
+    got = online_rows(algo, params, xs, ys)
     worst = max(float(np.max(np.abs(got[t]["grads"]["inp.W"] - ref[t]["dW"]))) for t in range(T))
     assert worst > 1e-3
 

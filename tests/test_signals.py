@@ -9,12 +9,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from models import lif_net, make, online_rows
 
 import streamtrace as st
 from streamtrace import nn
 from streamtrace.etrace.signals import Chain, LearningSignal, as_signal
-
-from models import lif_net, make
 
 T = 15
 B_, N_IN, N_H, N_OUT = 2, 3, 5, 2
@@ -28,23 +27,6 @@ def data(steps=T, seed=1):
 
 def sg(u):
     return 1.0 / (1.0 + 4.0 * np.abs(u)) ** 2
-
-
-def run(algo, params, xs, ys):
-    """Per step: online grads, output, new hidden, new traces (as NumPy)."""
-    _, hidden, traces = algo.init_state()
-
-    def loss(p, h, tr, x, y):
-        out, h, tr = algo(p, h, tr, x)
-        return jnp.sum((out - y) ** 2), (out, h, tr)
-
-    step = jax.jit(jax.grad(loss, has_aux=True))
-    rows = []
-    for t in range(len(xs)):
-        g, (out, hidden, traces) = step(params, hidden, traces, jnp.asarray(xs[t]), jnp.asarray(ys[t]))
-        to_np = lambda tree: jax.tree_util.tree_map(np.asarray, tree)
-        rows.append(dict(grads=to_np(g), out=np.asarray(out), hidden=to_np(hidden), traces=to_np(traces)))
-    return rows
 
 
 def close(actual, desired, rtol=1e-10):
@@ -87,7 +69,7 @@ def test_random_feedback_d_rtrl_matches_manual_contraction(x64):
     bound = algo.signal   # bind() fits a copy of the hook to this algorithm
     assert hook.B is None and len(bound.B) == 1 and bound.B[0].shape == (1, N_OUT, N_H)
     Bm = np.asarray(bound.B[0])
-    rows, ref = run(algo, params, xs, ys), run(plain, params, xs, ys)
+    rows, ref = online_rows(algo, params, xs, ys), online_rows(plain, params, xs, ys)
     assert_spiking(rows)
 
     differs = 0.0
@@ -118,7 +100,7 @@ def test_random_feedback_es_d_rtrl_matches_manual_contraction(x64):
     algo = st.ES_D_RTRL(model, jnp.asarray(xs[0]), decay=0.5, signal=hook)
     params, _, _ = algo.init_state()
     Bm = np.asarray(algo.signal.B[0])
-    rows = run(algo, params, xs, ys)
+    rows = online_rows(algo, params, xs, ys)
     assert max(np.abs(r["grads"]["inp.W"]).max() for r in rows) > 1e-3
     for t in range(T):
         r = rows[t]
@@ -168,7 +150,7 @@ def test_kappa_filter_d_rtrl_recursion_and_gradient(x64, kappa):
     plain = st.D_RTRL(model, jnp.asarray(xs[0]))
     params, _, traces0 = algo.init_state()
     assert set(traces0) == {"eps.inp.W", "eps.inp.b", "kappa.eps.inp.W", "kappa.eps.inp.b"}
-    rows, ref = run(algo, params, xs, ys), run(plain, params, xs, ys)
+    rows, ref = online_rows(algo, params, xs, ys), online_rows(plain, params, xs, ys)
     assert_spiking(rows)
 
     ebar = {n: np.zeros_like(traces0[n]) for n in ("eps.inp.W", "eps.inp.b")}
@@ -200,7 +182,7 @@ def test_kappa_filter_es_d_rtrl_filters_each_factor(x64):
     params, _, traces0 = algo.init_state()
     base = ("xbar.inp.W", "fbar.inp.W", "xbar.inp.b")
     assert set(traces0) == set(base) | {"kappa." + n for n in base}
-    rows = run(algo, params, xs, ys)
+    rows = online_rows(algo, params, xs, ys)
     assert max(np.abs(r["grads"]["inp.W"]).max() for r in rows) > 1e-3
     filt = {n: np.zeros_like(traces0[n]) for n in base}
     for t in range(T):
@@ -220,7 +202,7 @@ def test_kappa_zero_is_no_filter(x64):
     algo = st.D_RTRL(model, jnp.asarray(xs[0]), signal=st.KappaFilter(0.0))
     plain = st.D_RTRL(model, jnp.asarray(xs[0]))
     params, _, _ = algo.init_state()
-    rows, ref = run(algo, params, xs, ys), run(plain, params, xs, ys)
+    rows, ref = online_rows(algo, params, xs, ys), online_rows(plain, params, xs, ys)
     for r, p in zip(rows, ref):
         for n in p["grads"]:
             close(r["grads"][n], p["grads"][n], rtol=1e-13)
@@ -240,7 +222,7 @@ def test_chain_random_feedback_and_kappa(x64, order):
     assert "kappa.eps.inp.W" in traces0
     bound_rf = [h for h in algo.signal.hooks if isinstance(h, st.RandomFeedback)][0]
     Bm = np.asarray(bound_rf.B[0])
-    rows = run(algo, params, xs, ys)
+    rows = online_rows(algo, params, xs, ys)
     assert max(np.abs(r["grads"]["inp.W"]).max() for r in rows) > 1e-3
     ebar = {n: np.zeros_like(traces0[n]) for n in ("eps.inp.W", "eps.inp.b")}
     for t in range(T):

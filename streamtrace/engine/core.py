@@ -138,8 +138,6 @@ class EngineCore:
             return self._refuse(origin, "overloaded", f"stream '{name}' has {len(st.pending)} steps queued; "
                                 "slow down or raise engine.max_pending", name, seq, expected=seq)
         st.next_seq, st.resync, st.last_seen = seq + 1, False, t_recv
-        if st.slot is None:
-            st.slot = self._take_slot()
         st.pending.append((d, origin, t_recv))
         self.metrics.count("accepted")
         return []

@@ -14,7 +14,7 @@ from .algorithms import make_algorithm
 from .checkpoint import read_checkpoint, write_checkpoint
 from .losses import get_loss
 from .packing import Layout
-from .step import StepConfig, StepFunctions
+from .step import COUNTERS, StepConfig, StepFunctions
 
 __all__ = ["OnlineLearner", "StepResult"]
 
@@ -144,13 +144,12 @@ class OnlineLearner:
     @property
     def params(self) -> dict:
         """Current weights, ``{parameter name: numpy array}`` (per-slot weights: slot axis first)."""
-        named = self.state_dict()
+        named = self._expand(self.layout.to_named(self.buffers, prefix="params"))
         return {k[len("params."):]: v for k, v in named.items() if k.startswith("params.")}
 
     def stats(self) -> dict:
         """Counters (summed over slots with per-slot weights) and per-slot prequential loss."""
-        from .step import COUNTERS
-        named = self.layout.to_named(self.buffers)
+        named = self.layout.to_named(self.buffers, prefix="stats.")
         counters = named["stats.counters"].reshape(-1, len(COUNTERS))
         out = {name: int(counters[:, i].sum()) for i, name in enumerate(COUNTERS) if name != "since_update"}
         if self.per_slot:

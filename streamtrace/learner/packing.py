@@ -150,12 +150,24 @@ class Layout:
         packed = [self._view(buffers[s.buffer], s) for s in self.slots]
         return jax.tree_util.tree_unflatten(self.treedef, self._join(packed, list(buffers[n:])))
 
-    def to_named(self, buffers) -> dict:
-        """Host copy as {name: numpy array} (for checkpoints and inspection)."""
-        host = [np.asarray(b) for b in buffers]
+    def to_named(self, buffers, prefix: str = "") -> dict:
+        """Host copy as {name: numpy array} (for checkpoints and inspection); with ``prefix``,
+        only the leaves whose names start with it (and only their buffers are copied)."""
         n = len(self.dtypes)
-        packed = [np.array(self._view(host[s.buffer], s)) for s in self.slots]
-        return dict(zip(self._all_names, self._join(packed, [np.array(a) for a in host[n:]])))
+        host = {}
+
+        def buf(i):
+            if i not in host:
+                host[i] = np.asarray(buffers[i])
+            return host[i]
+        out = {}
+        for s in self.slots:
+            if s.name.startswith(prefix):
+                out[s.name] = np.array(self._view(buf(s.buffer), s))
+        for k, name in enumerate(self.alone_names):
+            if name.startswith(prefix):
+                out[name] = np.array(buf(n + k))
+        return {name: out[name] for name in self._all_names if name in out}
 
     def from_named(self, named: dict) -> tuple:
         host = [np.zeros(shape, dt) for shape, dt in zip(self.shapes, self.dtypes)]
