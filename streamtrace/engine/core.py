@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import wire
-from ..learner import OnlineLearner
 from ..learner.checkpoint import CheckpointDir
-from .config import ConfigError, EngineConfig, build_model, make_optimizer
+from .build import build_learner
+from .config import EngineConfig
 from .metrics import Metrics
 
 __all__ = ["EngineCore", "Stream"]
@@ -34,19 +34,8 @@ class Stream:
 class EngineCore:
     def __init__(self, cfg: EngineConfig, clock=time.monotonic):
         self.cfg, self.clock = cfg, clock
-        lc, ec = cfg.learning, cfg.engine
-        model = build_model(cfg.model)
-        example = np.zeros(cfg.model.n_in, np.float32)
-        try:
-            self.learner = OnlineLearner(
-                model, example, algorithm=lc.algorithm, decay=lc.decay or None, rank=lc.rank or None,
-                optimizer=make_optimizer(lc), mode=lc.mode, learn_every=lc.learn_every, slots=ec.slots,
-                shared_weights=ec.shared_weights, clip=lc.clip or None)
-        except (TypeError, ValueError) as e:
-            if isinstance(e, ConfigError) or type(e).__name__ == "CompileError":
-                raise
-            raise ValueError(f"the model does not accept model.n_in = {cfg.model.n_in} inputs "
-                             f"(or model.n_out = {cfg.model.n_out} does not fit it): {e}") from e
+        ec = cfg.engine
+        self.learner = build_learner(cfg, slots=ec.slots, shared_weights=ec.shared_weights)
         self.x_shape = self.learner.x_shape
         self.y_shape = self.learner.out_shape
         if self.x_shape != (cfg.model.n_in,):
