@@ -224,6 +224,9 @@ def test_step_many_equals_single_steps(x64, slots, learn_every):
         np.testing.assert_allclose(got_state[name], want_state[name], rtol=1e-12, atol=1e-14, err_msg=name)
     got_stats = learner.stats()
     np.testing.assert_allclose(got_stats.pop("prequential_loss"), want_stats.pop("prequential_loss"), rtol=1e-6)
+    got_m, want_m = got_stats.pop("metrics"), want_stats.pop("metrics")
+    for key in want_m:
+        np.testing.assert_allclose(got_m[key], want_m[key], rtol=1e-9, err_msg=key)
     assert got_stats == want_stats
     assert got_stats["step"] == k * rounds
 
@@ -231,7 +234,7 @@ def test_step_many_equals_single_steps(x64, slots, learn_every):
 # ---- 3. slots -----------------------------------------------------------------------------------
 def slot_rows(name, value, per_slot):
     """Whether a state_dict entry carries a leading slot axis."""
-    return per_slot or name.startswith(("hidden.", "traces.", "pending.", "stats.preq"))
+    return per_slot or name.startswith(("hidden.", "traces.", "pending.", "stats.preq", "stats.roll", "signal.", "readout."))
 
 
 def test_per_slot_weights_equal_independent_learners(x64):

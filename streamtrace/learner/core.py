@@ -12,7 +12,9 @@ import optax
 
 from .algorithms import make_algorithm
 from .checkpoint import read_checkpoint, write_checkpoint
+from .groups import ParamGroups
 from .losses import get_loss
+from .modes import Forecast
 from .packing import Layout
 from .step import COUNTERS, StepConfig, StepFunctions
 
@@ -39,36 +41,56 @@ class OnlineLearner:
     its own model. Non-finite inputs/losses/gradients never reach the weights: the step is
     skipped for that slot and counted (``stats()``). clip: global-norm gradient clipping.
 
+    Composable parts (each a module of its own):
+    mode=Forecast(channels, horizon): forecast some input channels (the rest are exogenous
+    inputs) and/or several steps ahead. transform=chain(normalise(), residual()): the signal
+    between the user's units and the model. readout=rls(): a closed-form readout over the
+    model's output features (the model then returns features, e.g. ``nn.Reservoir``).
+    optimizer: an optax transform, ``param_groups(...)`` (settings per named group), or
+    "frozen" (the model's weights never move: a fixed reservoir under the readout).
+    ``stats()["metrics"]``: rolling prequential MSE / MAE / NRMSE per slot (time constant
+    ``window`` steps).
+
     The state crosses the compiled call as a few buffers: small leaves packed per dtype, leaves
     of at least ``standalone`` elements (weights, moments, traces) as buffers of their own.
     ``donate=True`` lets XLA reuse the input buffers (measured: no gain on a 2-vCPU CPU).
     """
 
     def __init__(self, model, example_x, *, algorithm="d-rtrl", decay=None, rank=None, signal=None,
-                 loss="mse", optimizer: optax.GradientTransformation | None = None, lr: float = 1e-3,
+                 loss="mse", optimizer=None, lr: float = 1e-3,
                  mode="supervised", learn_every: int = 1, slots: int | None = None,
                  shared_weights: bool = True, reduce: str = "mean", clip: float | None = None,
-                 batch_size: int | None = None, donate: bool = False, standalone: int | None = 2048):
+                 batch_size: int | None = None, donate: bool = False, standalone: int | None = 2048,
+                 transform=None, readout=None, window: int = 1000):
         example_x = np.asarray(example_x)
         if slots is not None and slots < 1:
             raise ValueError(f"slots must be >= 1; got {slots}")
+        if clip is not None and not clip > 0:
+            raise ValueError(f"clip must be > 0; got {clip}")
+        spec = mode if isinstance(mode, Forecast) else (Forecast() if mode == "forecast" else None)
+        mode = "forecast" if spec is not None else mode
         brainstate.nn.init_all_states(model, batch_size)
         self.model = model
         self.algo = make_algorithm(algorithm, model, jnp.asarray(example_x), decay=decay, rank=rank,
                                    signal=signal)
-        opt = optimizer if optimizer is not None else optax.adam(lr)
-        if clip is not None:
-            opt = optax.chain(optax.clip_by_global_norm(clip), opt)
-        self.cfg = StepConfig(mode, learn_every, reduce)
-        self.fns = StepFunctions(self.algo, get_loss(loss), opt, self.cfg)
         out = self.algo.graph.out_struct
         if not hasattr(out, "shape"):
             raise ValueError("the model must return one array (the prediction)")
         self.x_shape, self.x_dtype = tuple(example_x.shape), example_x.dtype
-        self.out_shape, self.y_dtype = tuple(out.shape), np.dtype(out.dtype)
-        if mode == "forecast" and self.out_shape != self.x_shape:
-            raise ValueError(f"forecast mode predicts the next input: the model output {self.out_shape} "
-                             f"must have the input's shape {self.x_shape}")
+        channels = self._channels(spec)
+        self.out_shape, self.y_dtype = self._output(out, readout, mode, channels)
+        groups = optimizer if isinstance(optimizer, ParamGroups) else None
+        if optimizer is None:
+            optimizer = optax.adam(lr)
+        elif not (groups is not None or isinstance(optimizer, optax.GradientTransformation)
+                  or (isinstance(optimizer, str) and optimizer == "frozen")):
+            raise TypeError(f"optimizer must be an optax transform, param_groups(...) or 'frozen'; got {optimizer!r}")
+        frozen = isinstance(optimizer, str)
+        self.cfg = StepConfig(mode, learn_every, reduce, channels, spec.horizon if spec else 1, window)
+        self.fns = StepFunctions(self.algo, get_loss(loss), None if groups else optimizer, self.cfg,
+                                 transform=transform, readout=readout, groups=groups, y_shape=self.out_shape,
+                                 clip=clip)
+        self.horizon = self.cfg.horizon
         self.slots, self.n = slots, slots or 1
         self.per_slot = slots is not None and not shared_weights
         self.donate = donate
@@ -76,7 +98,13 @@ class OnlineLearner:
                                  "mode": mode, "learn_every": learn_every, "slots": slots,
                                  "shared_weights": bool(shared_weights) or slots is None, "reduce": reduce,
                                  "x_shape": list(self.x_shape), "out_shape": list(self.out_shape),
-                                 "params": sorted(self.algo.graph.param_names)}
+                                 "params": sorted(self.algo.graph.param_names),
+                                 "channels": None if channels is None else list(channels),
+                                 "horizon": self.horizon, "window": window,
+                                 "transform": None if transform is None else transform.describe(),
+                                 "readout": None if readout is None else readout.describe(),
+                                 "groups": None if groups is None else groups.describe(),
+                                 "frozen": frozen}
         state0 = self._init_state()
         self.layout = Layout(state0, standalone=standalone)
         self._init_buffers = self.layout.pack(state0)
@@ -85,11 +113,38 @@ class OnlineLearner:
         self._ones = np.ones(self.n, bool)
         self._no_target = np.zeros((self.n,) + self.out_shape if slots else self.out_shape, self.y_dtype)
 
+    def _channels(self, spec):
+        if spec is None or spec.channels is None:
+            return None
+        if len(self.x_shape) != 1:
+            raise ValueError(f"Forecast(channels=...) needs 1-D inputs; the example x has shape {self.x_shape}")
+        bad = [c for c in spec.channels if c >= self.x_shape[0]]
+        if bad:
+            raise ValueError(f"Forecast: channels {bad} out of range for {self.x_shape[0]} input channels")
+        return spec.channels
+
+    def _output(self, out, readout, mode, channels):
+        """The prediction's (shape, dtype) for one step, checked against the mode."""
+        want = self.x_shape if channels is None else (len(channels),)
+        if readout is not None:
+            n_out = readout.n_out or (int(np.prod(want)) if mode == "forecast" else None)
+            if n_out is None:
+                raise ValueError("rls readout in supervised mode: give n_out (the target size)")
+            shape = (n_out,) if mode != "forecast" or channels is not None else want
+            if mode == "forecast" and int(np.prod(shape)) != int(np.prod(want)):
+                raise ValueError(f"forecast mode predicts {want}; the readout has n_out = {n_out}")
+            return tuple(shape), np.dtype(out.dtype)
+        if mode == "forecast" and tuple(out.shape) != want:
+            raise ValueError(f"forecast mode predicts the next input{'' if channels is None else ' channels'}: "
+                             f"the model output {tuple(out.shape)} must have shape {want}")
+        return tuple(out.shape), np.dtype(out.dtype)
+
     # ---- state ------------------------------------------------------------------------
     def _init_state(self):
+        kw = dict(y_shape=self.out_shape, y_dtype=self.y_dtype)
         if not self.per_slot:
-            return self.fns.init(self.n, self.x_shape, self.x_dtype)
-        one = self.fns.init(1, self.x_shape, self.x_dtype)
+            return self.fns.init(self.n, self.x_shape, self.x_dtype, **kw)
+        one = self.fns.init(1, self.x_shape, self.x_dtype, **kw)
         return jax.tree_util.tree_map(lambda v: jnp.broadcast_to(v, (self.n,) + v.shape), one)
 
     def state_dict(self) -> dict:
@@ -107,18 +162,14 @@ class OnlineLearner:
                 raise ValueError(f"state '{name}' has shape {np.shape(compact[name])}, expected {shape}")
         self.buffers = self.layout.from_named(compact)
 
-    def _is_block(self, name, value):
-        blk = self.fns.param_layout.shapes[0]
-        return (name == "params" or name == "acc" or name.startswith("opt")) and \
-            tuple(np.shape(value)[-2:]) == blk
-
     def _expand(self, named):
         out = {}
-        pl = self.fns.param_layout
         for name, v in named.items():
-            if not self._is_block(name, v):
+            found = self.fns.store.block_of(name, np.shape(v))
+            if found is None:
                 out[name] = v
                 continue
+            pl = found[1]
             lead = v.shape[:-2]
             flat = v.reshape(lead + (-1,))
             for slot in pl.slots:
@@ -127,12 +178,13 @@ class OnlineLearner:
         return out
 
     def _collapse(self, named):
-        pl = self.fns.param_layout
         out = {}
         for name, shape, dtype in self.layout.entries():
+            found = self.fns.store.block_of(name, shape)
             if name in named:
                 out[name] = named[name]
-            elif all(f"{name}.{p.name}" in named for p in pl.slots):
+            elif found is not None and all(f"{name}.{p.name}" in named for p in found[1].slots):
+                pl = found[1]
                 lead = shape[:-2]
                 flat = np.zeros(lead + (int(np.prod(shape[-2:])),), dtype)
                 for p in pl.slots:
@@ -144,8 +196,13 @@ class OnlineLearner:
     @property
     def params(self) -> dict:
         """Current weights, ``{parameter name: numpy array}`` (per-slot weights: slot axis first)."""
-        named = self._expand(self.layout.to_named(self.buffers, prefix="params"))
-        return {k[len("params."):]: v for k, v in named.items() if k.startswith("params.")}
+        named = self.layout.to_named(self.buffers, prefix="params")
+        store = self.fns.store
+        stored = named["params"] if store.groups is None else {g: named[f"params.{g}"] for g in store.layouts}
+        if not self.per_slot:
+            return {k: np.asarray(v) for k, v in store.unpack(stored).items()}
+        per = [store.unpack(jax.tree_util.tree_map(lambda a: a[i], stored)) for i in range(self.n)]
+        return {k: np.stack([np.asarray(p[k]) for p in per]) for k in per[0]}
 
     def stats(self) -> dict:
         """Counters (summed over slots with per-slot weights) and per-slot prequential loss."""
@@ -156,6 +213,9 @@ class OnlineLearner:
             out["step"] = int(counters[:, 0].max())
         n = np.maximum(named["stats.preq_n"], 1)
         out["prequential_loss"] = (named["stats.preq_sum"] / n).reshape(-1)
+        roll = {k[len("stats.roll."):]: v for k, v in named.items() if k.startswith("stats.roll.")}
+        roll = {k: v.reshape(-1) if k == "n" else v.reshape(-1, v.shape[-1]) for k, v in roll.items()}
+        out["metrics"] = self.fns.rolling.summary(roll)
         return out
 
     # ---- the compiled step ------------------------------------------------------------
@@ -275,7 +335,8 @@ class OnlineLearner:
         return self._decode(vec) if k is None else [self._decode(v) for v in vec.reshape(k, -1)]
 
     def _decode(self, vec) -> StepResult:
-        pred_shape = self.out_shape if self.slots is None else (self.n,) + self.out_shape
+        one = self.out_shape if self.horizon == 1 else (self.horizon,) + self.out_shape
+        pred_shape = one if self.slots is None else (self.n,) + one
         n_out = int(np.prod(pred_shape))
         pred = vec[:n_out].reshape(pred_shape)
         loss = vec[n_out:n_out + self.n]
@@ -302,13 +363,15 @@ class OnlineLearner:
                 if per_slot:
                     state = jax.tree_util.tree_map(lambda a, b: a.at[i].set(b[i]), state, init)
                 else:
-                    for key in ("hidden", "traces", "pending"):
+                    for key in ("hidden", "traces", "pending", "signal", "readout"):
                         if key in state:
                             state[key] = jax.tree_util.tree_map(lambda a, b: a.at[i].set(b[i]),
                                                                 state[key], init[key])
                     stats = dict(state["stats"])
                     for key in ("preq_sum", "preq_n"):
                         stats[key] = stats[key].at[i].set(0)
+                    stats["roll"] = jax.tree_util.tree_map(lambda a, b: a.at[i].set(b[i]),
+                                                           stats["roll"], init["stats"]["roll"])
                     state["stats"] = stats
                 return self.layout.pack(state)
             self._compiled["reset"] = jax.jit(reset).lower(self.buffers, np.int32(0)).compile()

@@ -6,13 +6,15 @@ State layout (a dict; every leaf has a stable name once flattened, e.g. ``hidden
                        over that block, summed gradients (learn-every-k); ``ParamBlock``
                        names every row range, so checkpoints and ``state_dict`` stay readable
     hidden, traces     per slot (leading axis N)
-    pending            forecast mode: the last input x_{t-1} and whether it is valid
-    stats              counters [step, updates, skipped, rejected, since_update] and the
-                       per-slot prequential loss sum and count
+    pending            forecast mode: the last input x_{t-1}, whether it is valid, and the
+                       prediction made from it (user units, for the rolling metrics)
+    signal, readout    the signal transform's statistics and the closed-form readout (per slot)
+    stats              counters [step, updates, skipped, rejected, since_update], the per-slot
+                       prequential loss sum and count, and the rolling metrics (``roll``)
 
 One block instead of one array per weight: the optimizer then runs as a couple of fused
 kernels rather than a few per weight, and each kernel costs ~0.5-1 us on a small CPU.
-Shared weights: one ``params`` for all N slots; per-slot weights: every leaf gets a leading
+With parameter groups ``params`` is one block per group. Shared weights: one ``params`` for all N slots; per-slot weights: every leaf gets a leading
 slot axis and the shared step runs under ``vmap`` with one slot each.
 """
 from __future__ import annotations
@@ -23,7 +25,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from .packing import Layout
+from .groups import ParamStore
+from .rolling import RollingMetrics
+from .transforms import Identity
 
 __all__ = ["StepConfig", "StepFunctions", "MODES", "COUNTERS"]
 
@@ -32,11 +36,15 @@ COUNTERS = ("step", "updates", "skipped", "rejected", "since_update")
 _C = {n: i for i, n in enumerate(COUNTERS)}
 
 
+
 @dataclass(frozen=True)
 class StepConfig:
     mode: str = "supervised"
     learn_every: int = 1
     reduce: str = "mean"       # how slot losses combine with shared weights
+    channels: tuple | None = None   # forecast: the input channels predicted (None: all)
+    horizon: int = 1                # forecast: predictions of the next `horizon` values
+    window: int = 1000              # rolling metrics time constant (steps)
 
 
 def _lead(ok, a):
@@ -51,48 +59,84 @@ def _slot_where(ok, new, old):
 def _slot_sum(tree):
     """(N,) sum of every value of each slot: finite iff all of them are (or it overflowed,
     which we also refuse)."""
-    return sum(jnp.sum(x.reshape(x.shape[0], -1), axis=1) for x in jax.tree_util.tree_leaves(tree))
+    leaves = jax.tree_util.tree_leaves(tree)
+    return sum(jnp.sum(x.reshape(x.shape[0], -1), axis=1) for x in leaves) if leaves else 0.0
 
 
 class StepFunctions:
     """Builds ``step(state, x, target, active, learn) -> (state, prediction, loss, applied)``
     for N slots sharing one set of weights; x/target carry the slot axis. ``active`` (N,):
-    the slot advances this step; ``learn`` (N,): it also contributes to the weight update."""
+    the slot advances this step; ``learn`` (N,): it also contributes to the weight update.
 
-    def __init__(self, algo, loss_fn, optimizer: optax.GradientTransformation, cfg: StepConfig):
+    ``transform`` (signal transforms, e.g. normalise + residual) sits between the user's units
+    and the model; ``readout`` (e.g. RLS) maps the model's output features to the prediction.
+    ``optimizer="frozen"``: the model's weights never change (a fixed reservoir), so no traces
+    are kept and no gradient is taken; only the readout and the transforms learn.
+    """
+
+    def __init__(self, algo, loss_fn, optimizer, cfg: StepConfig, *, transform=None, readout=None,
+                 groups=None, y_shape=None, clip=None):
         if cfg.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}; got {cfg.mode!r}")
         if cfg.learn_every < 1:
             raise ValueError(f"learn_every must be >= 1; got {cfg.learn_every}")
         if cfg.reduce not in ("mean", "sum"):
             raise ValueError(f"reduce must be 'mean' or 'sum'; got {cfg.reduce!r}")
-        self.algo, self.loss_fn, self.opt, self.cfg = algo, loss_fn, optimizer, cfg
-        self.param_layout = Layout(algo.graph.init_params())
+        self.algo, self.loss_fn, self.cfg = algo, loss_fn, cfg
+        self.transform = transform if transform is not None else Identity()
+        self.readout = readout
+        self.learn_model = not (isinstance(optimizer, str) and optimizer == "frozen")
+        self.store = ParamStore(algo.graph.init_params(), groups)
+        opt = self.store.optimizer(optimizer) if self.learn_model else None
+        if opt is not None and clip is not None:
+            opt = optax.chain(optax.clip_by_global_norm(clip), opt)
+        self.opt = opt
+        self._y_shape = tuple(y_shape) if y_shape is not None else tuple(algo.graph.out_struct.shape)
+        self.rolling = RollingMetrics(cfg.window)
         self._vstep = jax.vmap(lambda p, h, tr, x: algo(p, h, tr, x), in_axes=(None, 0, 0, 0))
         self._vforward = jax.vmap(lambda p, h, tr, x: algo.forward(p, h, tr, (x,)), in_axes=(None, 0, 0, 0))
         self._vplain = jax.vmap(lambda p, h, x: algo.graph.run(p, h, (x,)), in_axes=(None, 0, 0))
 
-    # ---- params as one block ------------------------------------------------------------
+    @property
+    def param_layout(self):
+        """The packed weight block's layout (no parameter groups)."""
+        return self.store.layouts[None]
+
+    # ---- params as one block (or one per group) ------------------------------------------
     def to_block(self, params: dict):
-        return self.param_layout.pack(params)[0]
+        return self.store.pack(params)
 
     def from_block(self, block) -> dict:
-        return self.param_layout.unpack((block,))
+        return self.store.unpack(block)
 
     # ---- state ------------------------------------------------------------------------
-    def init(self, n_slots: int, x_shape, x_dtype, params=None) -> dict:
+    def init(self, n_slots: int, x_shape, x_dtype, params=None, y_shape=None, y_dtype=None) -> dict:
         p0, h0, tr0 = self.algo.init_state()
         block = self.to_block(p0 if params is None else params)
         tile = lambda t: jax.tree_util.tree_map(lambda v: jnp.broadcast_to(v, (n_slots,) + v.shape), t)
-        state = {"params": block, "opt": self.opt.init(block), "hidden": tile(h0), "traces": tile(tr0),
+        y_shape = tuple(y_shape) if y_shape is not None else self._y_shape
+        n_out = int(jnp.prod(jnp.array(y_shape))) if y_shape else 1
+        state = {"params": block, "hidden": tile(h0), "traces": tile(tr0) if self.learn_model else {},
                  "stats": {"counters": jnp.zeros(len(COUNTERS), jnp.int32),
                            "preq_sum": jnp.zeros(n_slots, jnp.float32),
-                           "preq_n": jnp.zeros(n_slots, jnp.int32)}}
-        if self.cfg.learn_every > 1:
-            state["acc"] = jnp.zeros_like(block)
+                           "preq_n": jnp.zeros(n_slots, jnp.int32),
+                           "roll": self.rolling.init(n_slots, n_out, jnp.result_type(float))}}
+        if self.learn_model:
+            state["opt"] = self.opt.init(block)
+            if self.cfg.learn_every > 1:
+                state["acc"] = jax.tree_util.tree_map(jnp.zeros_like, block)
         if self.cfg.mode == "forecast":
             state["pending"] = {"x": jnp.zeros((n_slots,) + tuple(x_shape), x_dtype),
-                                "valid": jnp.zeros(n_slots, jnp.int32)}
+                                "valid": jnp.zeros(n_slots, jnp.int32),
+                                "pred": jnp.zeros((n_slots,) + y_shape, y_dtype or x_dtype)}
+        sig = self.transform.init(n_slots, tuple(x_shape), y_shape, self.cfg.channels)
+        if sig:
+            state["signal"] = sig
+        if self.readout is not None:
+            feat = self.algo.graph.out_struct
+            n_in = int(jnp.prod(jnp.array(x_shape))) if x_shape else 1
+            n_feat = int(jnp.prod(jnp.array(feat.shape))) if feat.shape else 1
+            state["readout"] = self.readout.init(n_slots, n_feat, n_in, n_out, feat.dtype)
         return state
 
     # ---- the step ---------------------------------------------------------------------
@@ -111,10 +155,37 @@ class StepFunctions:
         w = use / jnp.maximum(jnp.sum(use), 1) if self.cfg.reduce == "mean" else use.astype(losses.dtype)
         return jnp.sum(jnp.where(use, w * losses, 0.0))
 
-    def _grad(self, total, state):
-        """Gradient of total(params dict) w.r.t. the weights, as a block."""
+    def _run(self, total, state):
+        """total(params dict) -> (loss, aux); its gradient w.r.t. the stored weights when the
+        model learns, else just aux (no gradient is taken for a frozen model)."""
+        if not self.learn_model:
+            return total(self.from_block(state["params"]))[1], None
         (_, aux), g = jax.value_and_grad(lambda blk: total(self.from_block(blk)), has_aux=True)(state["params"])
         return aux, g
+
+    def _model(self, p, state, z, learn: bool):
+        """The model on encoded input z from the stored hidden state: (out, hidden, traces)."""
+        if learn and self.learn_model:
+            return self._vstep(p, state["hidden"], state["traces"], z)
+        out, h = self._vplain(p, state["hidden"], z)
+        return out, h, state["traces"]
+
+    def _head(self, state, out, z):
+        """Model output -> model-space prediction (through the readout, its weights held)."""
+        if self.readout is None:
+            return out, None
+        r = self.readout.features(out, z)
+        held = {"W": jax.lax.stop_gradient(state["readout"]["W"])}
+        return self.readout.predict(held, r).reshape((out.shape[0],) + self._pred_shape()), r
+
+    def _pred_shape(self):
+        return tuple(self._y_shape)
+
+    def _learn_readout(self, state, r, t_model, learning):
+        if self.readout is None:
+            return state
+        rs, _ = self.readout.update(state["readout"], r, t_model, learning)
+        return {**state, "readout": rs}
 
     def _count(self, counters, **inc):
         for name, v in inc.items():
@@ -123,40 +194,54 @@ class StepFunctions:
 
     def _apply(self, state, grads, any_ok):
         """Optimizer step (or accumulation), refused when the gradient is not finite."""
+        if not self.learn_model:
+            return state, jnp.bool_(False)
         counters = state["stats"]["counters"]
-        finite = jnp.isfinite(jnp.sum(grads))
+        finite = jnp.isfinite(sum(jnp.sum(g) for g in jax.tree_util.tree_leaves(grads)))
         use = any_ok & finite
         counters = self._count(counters, rejected=any_ok & ~finite)
         params, opt = state["params"], state["opt"]
         k = self.cfg.learn_every
         new = dict(state)
+        keep = lambda a, b: jax.tree_util.tree_map(lambda u, v: jnp.where(use, u, v), a, b)
         if k == 1:
             updates, opt2 = self.opt.update(grads, opt, params)
-            new["params"] = jnp.where(use, optax.apply_updates(params, updates), params)
-            new["opt"] = jax.tree_util.tree_map(lambda a, b: jnp.where(use, a, b), opt2, opt)
+            new["params"] = keep(optax.apply_updates(params, updates), params)
+            new["opt"] = keep(opt2, opt)
             applied = use
         else:
-            acc = jnp.where(use, state["acc"] + grads, state["acc"])
+            acc = keep(jax.tree_util.tree_map(jnp.add, state["acc"], grads), state["acc"])
             since = counters[_C["since_update"]] + use.astype(jnp.int32)
             applied = since >= k
 
             def do(args):
                 params, opt, acc = args
                 updates, opt = self.opt.update(acc, opt, params)
-                return optax.apply_updates(params, updates), opt, jnp.zeros_like(acc)
+                return optax.apply_updates(params, updates), opt, jax.tree_util.tree_map(jnp.zeros_like, acc)
             new["params"], new["opt"], new["acc"] = jax.lax.cond(applied, do, lambda a: a, (params, opt, acc))
             counters = counters.at[_C["since_update"]].set(jnp.where(applied, 0, since))
         counters = self._count(counters, updates=applied)
         new["stats"] = {**state["stats"], "counters": counters}
         return new, applied
 
-    def _finish(self, state, skipped, scored, losses):
-        """Count the step, the skipped slots, and the prequential loss of the scored ones."""
+    def _finish(self, state, skipped, scored, losses, pred=None, target=None, measured=None):
+        """Count the step, the skipped slots, and the prequential loss of the scored ones;
+        the rolling metrics score ``pred`` against ``target`` (user units) where ``measured``."""
         stats = dict(state["stats"])
         stats["counters"] = self._count(stats["counters"], step=1, skipped=jnp.sum(skipped))
         stats["preq_sum"] = stats["preq_sum"] + jnp.where(scored, losses, 0.0).astype(jnp.float32)
         stats["preq_n"] = stats["preq_n"] + scored.astype(jnp.int32)
+        if pred is not None:
+            stats["roll"] = self.rolling.update(stats["roll"], pred, target, measured)
         return {**state, "stats": stats}
+
+    def _signal(self, state):
+        return state.get("signal", {})
+
+    def _observe(self, state, x, y, ok):
+        if "signal" not in state:
+            return state
+        return {**state, "signal": self.transform.observe(state["signal"], x, y, ok)}
 
     def _supervised(self, state, x, target, active, learn):
         x_ok = active & jnp.isfinite(_slot_sum(x))
@@ -164,18 +249,24 @@ class StepFunctions:
         learning = ok & learn
         # a bad slot's numbers must not reach the summed gradient, not even as 0 * NaN
         x, target = jnp.where(_lead(ok, x), x, 0), jnp.where(_lead(learning, target), target, 0)
+        sig, T = self._signal(state), self.transform
+        z, t_model = T.encode(sig, x), T.target(sig, x, target)
 
         def total(p):
-            out, h, tr = self._vstep(p, state["hidden"], state["traces"], x)
-            losses = jax.vmap(self.loss_fn)(out, target)
-            return self._weighted(losses, learning), (out, h, tr, losses)
-        (out, h, tr, losses), grads = self._grad(total, state)
+            out, h, tr = self._model(p, state, z, learn=True)
+            pred, r = self._head(state, out, z)
+            losses = jax.vmap(self.loss_fn)(pred, t_model)
+            return self._weighted(losses, learning), (pred, r, h, tr, losses)
+        (pred, r, h, tr, losses), grads = self._run(total, state)
         ok = ok & jnp.isfinite(_slot_sum(h) + _slot_sum(tr)) & (jnp.isfinite(losses) | ~learning)
         learning = learning & ok
+        out = T.decode(sig, x, pred)
         state = {**state, "hidden": _slot_where(ok, h, state["hidden"]),
                  "traces": _slot_where(ok, tr, state["traces"])}
+        state = self._learn_readout(state, r, t_model, learning)
         state, applied = self._apply(state, grads, jnp.any(learning))
-        state = self._finish(state, active & ~ok, learning, losses)
+        state = self._observe(state, x, target, learning)
+        state = self._finish(state, active & ~ok, learning, losses, out, target, learning)
         return state, out, jnp.where(learning, losses, jnp.nan), applied
 
     def _forecast(self, state, x, active, learn):
@@ -185,36 +276,66 @@ class StepFunctions:
         under the custom VJP gives the online gradient of the t-1 prediction and the state
         at t-1, from which the next prediction is made with the updated weights.
         """
-        pend = state["pending"]
+        pend, T = state["pending"], self.transform
+        sig = self._signal(state)
         x_ok = active & jnp.isfinite(_slot_sum(x))
         has_prev = x_ok & (pend["valid"] > 0)
         learning = has_prev & learn
         x = jnp.where(_lead(x_ok, x), x, 0)
+        y_now = x if self.cfg.channels is None else x[..., self.cfg.channels]
+        z_prev, t_model = T.encode(sig, pend["x"]), T.target(sig, pend["x"], y_now)
 
         def total(p):
-            out, h, tr = self._vstep(p, state["hidden"], state["traces"], pend["x"])
-            losses = jax.vmap(self.loss_fn)(out, x)
-            return self._weighted(losses, learning), (h, tr, losses)
-        (h1, tr1, losses), grads = self._grad(total, state)
+            out, h, tr = self._model(p, state, z_prev, learn=True)
+            pred, r = self._head(state, out, z_prev)
+            losses = jax.vmap(self.loss_fn)(pred, t_model)
+            return self._weighted(losses, learning), (h, tr, r, losses)
+        (h1, tr1, r, losses), grads = self._run(total, state)
         advance = has_prev & jnp.isfinite(_slot_sum(h1) + _slot_sum(tr1))
         learning = learning & advance & jnp.isfinite(losses)
+        state = self._learn_readout(state, r, t_model, learning)
         state, applied = self._apply(state, grads, jnp.any(learning))
         # the state at t-1 (replayed), or the held one where there was nothing to replay
         h_cur = _slot_where(advance, h1, state["hidden"])
         tr_cur = _slot_where(advance, tr1, state["traces"])
-        pred, _ = self._vplain(self.from_block(state["params"]), h_cur, x)
         keep = x_ok & (advance | ~has_prev)
+        state = self._observe(state, x, None, keep)
+        preds = self._rollout(state, h_cur, x)
+        state = self._finish(state, active & ~keep, learning, losses, pend["pred"], y_now, advance)
         state = {**state, "hidden": _slot_where(keep, h_cur, state["hidden"]),
                  "traces": _slot_where(keep, tr_cur, state["traces"]),
                  "pending": {"x": jnp.where(_lead(keep, x), x, pend["x"]),
-                             "valid": jnp.where(keep, 1, pend["valid"]).astype(jnp.int32)}}
-        state = self._finish(state, active & ~keep, learning, losses)
+                             "valid": jnp.where(keep, 1, pend["valid"]).astype(jnp.int32),
+                             "pred": jnp.where(_lead(keep, preds[0]), preds[0], pend["pred"])}}
+        pred = preds[0] if self.cfg.horizon == 1 else jnp.stack(preds, axis=1)
         return state, pred, jnp.where(learning, losses, jnp.nan), applied
+
+    def _rollout(self, state, h, x):
+        """Predictions of the next ``horizon`` values from hidden state h and input x (user
+        units): each one is fed back as the next input (other channels held at their last
+        value), with the weights as they are now; no learning."""
+        params, sig, T = self.from_block(state["params"]), self._signal(state), self.transform
+        preds = []
+        for i in range(self.cfg.horizon):
+            z = T.encode(sig, x)
+            out, h = self._vplain(params, h, z)
+            pred = T.decode(sig, x, self._head(state, out, z)[0])
+            preds.append(pred)
+            if i + 1 < self.cfg.horizon:
+                x = pred.astype(x.dtype) if self.cfg.channels is None else \
+                    x.at[..., self.cfg.channels].set(pred.astype(x.dtype))
+        return preds
 
     def _predict(self, state, x, active):
         ok = active & jnp.isfinite(_slot_sum(x))
         x = jnp.where(_lead(ok, x), x, 0)
-        out, h, tr = self._vforward(self.from_block(state["params"]), state["hidden"], state["traces"], x)
+        sig, T = self._signal(state), self.transform
+        z = T.encode(sig, x)
+        if self.learn_model:
+            out, h, tr = self._vforward(self.from_block(state["params"]), state["hidden"], state["traces"], z)
+        else:
+            out, h, tr = self._model(self.from_block(state["params"]), state, z, learn=False)
+        out = T.decode(sig, x, self._head(state, out, z)[0])
         ok = ok & jnp.isfinite(_slot_sum(h) + _slot_sum(tr))
         state = {**state, "hidden": _slot_where(ok, h, state["hidden"]),
                  "traces": _slot_where(ok, tr, state["traces"])}

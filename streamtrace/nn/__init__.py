@@ -2,8 +2,9 @@
 from . import ops
 from .layers import DiagRNNCell, GRUCell, Linear, LSTMCell, RNNCell
 from .neurons import ALIF, LIF, LeakyRate, LeakyRateReadout
+from .reservoir import Reservoir
 from .stacks import STACKS, Stack
 from .surrogate import spike
 
 __all__ = ["ops", "spike", "Linear", "RNNCell", "DiagRNNCell", "GRUCell", "LSTMCell",
-           "LIF", "ALIF", "LeakyRate", "LeakyRateReadout", "Stack", "STACKS"]
+           "LIF", "ALIF", "LeakyRate", "LeakyRateReadout", "Reservoir", "Stack", "STACKS"]

@@ -1,0 +1,102 @@
+"""Parameter groups: optimizer settings per named group of weights, with optax's own
+``multi_transform`` over the real parameter names.
+
+    groups = param_groups(readout=("out.*", optax.adam(1e-2)),
+                          input=("inp.*", None),               # None: frozen, never moves
+                          rest=("*", optax.adam(1e-3)))
+
+Patterns are ``fnmatch`` patterns over the parameter names the compiler reports
+(``learner.algo.graph.param_names``); the first group whose pattern matches takes the weight.
+Each group's weights are packed into one block of their own, so the optimizer still runs as a
+few fused kernels per group, and a frozen group costs no optimizer work at all.
+"""
+from __future__ import annotations
+
+import fnmatch
+
+import optax
+
+from .packing import Layout
+
+__all__ = ["ParamGroups", "param_groups", "ParamStore"]
+
+
+class ParamGroups:
+    def __init__(self, groups: dict):
+        if not groups:
+            raise ValueError("param_groups: give at least one group")
+        self.groups = {}
+        for name, spec in groups.items():
+            if not (isinstance(spec, tuple) and len(spec) == 2 and isinstance(spec[0], str)):
+                raise TypeError(f"param_groups: group {name!r} must be (pattern, optax transform or None)")
+            pattern, tx = spec
+            if tx is not None and not isinstance(tx, optax.GradientTransformation):
+                raise TypeError(f"param_groups: group {name!r}: {type(tx).__name__} is not an optax transform")
+            self.groups[name] = (pattern, tx)
+
+    def assign(self, names) -> dict:
+        """{group: [parameter names]}; every parameter must fall in a group."""
+        out = {g: [] for g in self.groups}
+        for n in names:
+            for g, (pattern, _) in self.groups.items():
+                if fnmatch.fnmatchcase(n, pattern):
+                    out[g].append(n)
+                    break
+            else:
+                raise ValueError(f"param_groups: parameter {n!r} matches no group pattern "
+                                 f"{[p for p, _ in self.groups.values()]}; add a catch-all ('*')")
+        return {g: ns for g, ns in out.items() if ns}
+
+    def describe(self) -> dict:
+        return {g: p for g, (p, _) in self.groups.items()}
+
+
+def param_groups(**groups) -> ParamGroups:
+    """``name=(pattern, transform)``; transform None freezes the group (see module doc)."""
+    return ParamGroups(groups)
+
+
+class ParamStore:
+    """The weights as the learner stores them: one packed block (no groups), or one block per
+    group; ``pack``/``unpack`` convert to and from ``{parameter name: array}``."""
+
+    def __init__(self, params: dict, groups: ParamGroups | None = None):
+        self.groups = groups
+        if groups is None:
+            self.layouts = {None: Layout(params)}
+            self.members = {None: sorted(params)}
+        else:
+            self.members = groups.assign(sorted(params))
+            self.layouts = {g: Layout({n: params[n] for n in ns}) for g, ns in self.members.items()}
+        self.frozen = [] if groups is None else [g for g in self.members if groups.groups[g][1] is None]
+
+    def pack(self, params: dict):
+        if self.groups is None:
+            return self.layouts[None].pack(params)[0]
+        return {g: lay.pack({n: params[n] for n in self.members[g]})[0] for g, lay in self.layouts.items()}
+
+    def unpack(self, stored) -> dict:
+        if self.groups is None:
+            return self.layouts[None].unpack((stored,))
+        out = {}
+        for g, lay in self.layouts.items():
+            out.update(lay.unpack((stored[g],)))
+        return out
+
+    def optimizer(self, base: optax.GradientTransformation | None):
+        if self.groups is None:
+            return base
+        txs = {g: (optax.set_to_zero() if self.groups.groups[g][1] is None else self.groups.groups[g][1])
+               for g in self.members}
+        return optax.multi_transform(txs, {g: g for g in self.members})
+
+    def block_of(self, name: str, shape: tuple):
+        """The group layout a state leaf holds a block of (by its name's last part), or None."""
+        if not (name == "params" or name == "acc" or name.startswith(("params.", "acc.", "opt"))):
+            return None
+        if self.groups is None:
+            lay = self.layouts[None]
+            return (None, lay) if tuple(shape[-2:]) == lay.shapes[0] else None
+        g = name.rsplit(".", 1)[-1]
+        lay = self.layouts.get(g)
+        return (g, lay) if lay is not None and tuple(shape[-2:]) == lay.shapes[0] else None

@@ -1,0 +1,51 @@
+"""Rolling prequential metrics per slot, in the user's units: exponentially weighted averages
+with time constant ``window`` steps (bias-corrected, so the first steps are not pulled to 0)
+of the squared and absolute error and of the target's first two moments, per channel.
+
+    mse = mean_c se_c    mae = mean_c ae_c    nrmse = sqrt(sum_c se_c / sum_c var_c)
+
+O(channels) state per slot; a step that was not scored leaves a slot's averages unchanged.
+"""
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = ["RollingMetrics"]
+
+
+class RollingMetrics:
+    def __init__(self, window: int = 1000):
+        if not isinstance(window, (int, np.integer)) or window < 1:
+            raise ValueError(f"metrics window must be an integer >= 1; got {window!r}")
+        self.window = int(window)
+
+    def init(self, n: int, n_out: int, dtype=jnp.float32) -> dict:
+        z = jnp.zeros((n, n_out), dtype)
+        return {"se": z, "ae": z, "y": z, "y2": z, "n": jnp.zeros(n, jnp.int32)}
+
+    def update(self, state, pred, target, scored):
+        a = 1.0 / self.window
+        n = pred.shape[0]
+        dt = state["se"].dtype
+        e = (pred.reshape(n, -1) - target.reshape(n, -1)).astype(dt)
+        y = target.reshape(n, -1).astype(dt)
+        new = {"se": e * e, "ae": jnp.abs(e), "y": y, "y2": y * y}
+        s = scored[:, None]
+        out = {k: jnp.where(s, (1 - a) * state[k] + a * jnp.where(s, v, 0.0), state[k]) for k, v in new.items()}
+        out["n"] = state["n"] + scored.astype(jnp.int32)
+        return out
+
+    def summary(self, state: dict) -> dict:
+        """Host numpy state -> per-slot ``{"mse", "mae", "nrmse", "n"}`` (NaN before any score)."""
+        n = np.asarray(state["n"])
+        corr = 1.0 - (1.0 - 1.0 / self.window) ** n
+        with np.errstate(invalid="ignore", divide="ignore"):
+            m = {k: np.asarray(state[k]) / corr[:, None] for k in ("se", "ae", "y", "y2")}
+            var = np.maximum(m["y2"] - m["y"] ** 2, 0.0)
+            out = {"mse": m["se"].mean(1), "mae": m["ae"].mean(1),
+                   "nrmse": np.sqrt(m["se"].sum(1) / var.sum(1))}
+        for k in ("mse", "mae", "nrmse"):
+            out[k] = np.where(n > 0, out[k], np.nan)
+        out["n"] = n.astype(np.int64)
+        return out

@@ -1,0 +1,98 @@
+"""Signal transforms: what happens to a stream's numbers between the user and the model.
+
+A transform is a small pure object (optax style) working on per-slot arrays (leading axis N):
+
+    init(n, x_shape, y_shape, channels) -> state   channels: the input channels a forecast
+                                                     predicts (None: supervised targets)
+    encode(state, x) -> x'                          the model's input
+    target(state, x, y) -> y'                       the model-space target of a prediction made
+                                                     from input x (user units, as x arrived)
+    decode(state, x, y') -> y                       a model-space prediction back to user units
+    observe(state, x, y, ok) -> state               learn the statistics from a new sample
+
+``chain(a, b)`` runs a then b: b sees a's encoding of x, and decodes before a does. Order the
+normaliser first so the residual is taken in normalised units.
+"""
+from __future__ import annotations
+
+__all__ = ["Transform", "chain", "Identity"]
+
+
+class Transform:
+    name = "transform"
+
+    def init(self, n, x_shape, y_shape, channels):
+        return {}
+
+    def encode(self, state, x):
+        return x
+
+    def target(self, state, x, y):
+        return y
+
+    def decode(self, state, x, y):
+        return y
+
+    def observe(self, state, x, y, ok):
+        return state
+
+    def describe(self) -> dict:
+        """Settings recorded in checkpoints (plain numbers and strings)."""
+        return {"kind": self.name}
+
+
+class Identity(Transform):
+    name = "identity"
+
+
+class _Chain(Transform):
+    name = "chain"
+
+    def __init__(self, parts):
+        self.parts = tuple(parts)
+        names = [p.name for p in self.parts]
+        if len(set(names)) != len(names):
+            raise ValueError(f"chain: each transform at most once; got {names}")
+
+    def init(self, n, x_shape, y_shape, channels):
+        return {p.name: p.init(n, x_shape, y_shape, channels) for p in self.parts}
+
+    def _inputs(self, state, x):
+        xs = [x]
+        for p in self.parts:
+            xs.append(p.encode(state[p.name], xs[-1]))
+        return xs
+
+    def encode(self, state, x):
+        return self._inputs(state, x)[-1]
+
+    def target(self, state, x, y):
+        for p, xi in zip(self.parts, self._inputs(state, x)):
+            y = p.target(state[p.name], xi, y)
+        return y
+
+    def decode(self, state, x, y):
+        xs = self._inputs(state, x)
+        for p, xi in reversed(list(zip(self.parts, xs))):
+            y = p.decode(state[p.name], xi, y)
+        return y
+
+    def observe(self, state, x, y, ok):
+        # each part learns from the signal as it sees it (statistics before this sample's update)
+        new, xi = {}, x
+        for p in self.parts:
+            new[p.name] = p.observe(state[p.name], xi, y, ok)
+            y = None if y is None else p.target(state[p.name], xi, y)
+            xi = p.encode(state[p.name], xi)
+        return new
+
+    def describe(self):
+        return {"kind": "chain", "parts": [p.describe() for p in self.parts]}
+
+
+def chain(*parts: Transform) -> Transform:
+    """Compose transforms left to right (``chain(normalise(), residual())``)."""
+    for p in parts:
+        if not isinstance(p, Transform):
+            raise TypeError(f"chain takes transforms; got {type(p).__name__}")
+    return parts[0] if len(parts) == 1 else _Chain(parts)
