@@ -12,6 +12,7 @@ import optax
 
 from .algorithms import make_algorithm
 from .checkpoint import read_checkpoint, write_checkpoint
+from .describe import describe_model, describe_optimizer
 from .losses import get_loss
 from .packing import Layout
 from .step import COUNTERS, StepConfig, StepFunctions
@@ -76,7 +77,8 @@ class OnlineLearner:
                                  "mode": mode, "learn_every": learn_every, "slots": slots,
                                  "shared_weights": bool(shared_weights) or slots is None, "reduce": reduce,
                                  "x_shape": list(self.x_shape), "out_shape": list(self.out_shape),
-                                 "params": sorted(self.algo.graph.param_names)}
+                                 "params": sorted(self.algo.graph.param_names),
+                                 "model": describe_model(model), "optimizer": describe_optimizer(opt)}
         state0 = self._init_state()
         self.layout = Layout(state0, standalone=standalone)
         self._init_buffers = self.layout.pack(state0)
