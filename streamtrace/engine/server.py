@@ -189,7 +189,8 @@ def open_engine(cfg: EngineConfig) -> Engine:
     except ValueError as e:
         # the model the config builds does not fit the config's sizes / mode
         text = str(e)
-        blamed = next((k for k in ("model.n_out", "model.n_in") if k in text), None)
+        named = [(text.find(k), k) for k in ("model.n_in", "model.n_out") if k in text]
+        blamed = min(named)[1] if named else None
         if blamed is None and "forecast" in text:
             blamed = "learning.mode"
         if blamed is None and type(e).__name__ != "CompileError":
