@@ -11,14 +11,13 @@ import hashlib
 import io
 import json
 import logging
+import math
 import os
 import re
 import tempfile
 from pathlib import Path
 
 import numpy as np
-
-from .describe import description_diff
 
 __all__ = ["CheckpointError", "write_checkpoint", "read_checkpoint", "CheckpointDir"]
 
@@ -128,6 +127,22 @@ def check_signature(path, want: dict, header: dict):
         msg = f"{path}: restoring with different optimizer settings: " + "; ".join(opt)
         log.warning(msg)
         header.setdefault("warnings", []).append(msg)
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return a == b
+
+
+def description_diff(want: dict, got: dict, where: str) -> list[str]:
+    """One line per setting (``learner.describe``) that differs, named ``<where>.<key>``."""
+    diffs = []
+    for k in sorted(set(want) | set(got)):
+        a, b = want.get(k, "<absent>"), got.get(k, "<absent>")
+        if not _same(a, b):
+            diffs.append(f"{where}.{k}: expected {a!r}, checkpoint has {b!r}")
+    return diffs
 
 
 def optimizer_diff(want: dict, got: dict) -> list[str]:

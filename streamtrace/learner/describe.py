@@ -9,16 +9,17 @@ that the modules and the optax transforms keep, as flat JSON-safe dicts:
   works for any brainstate module, recording only what it can read.
 * ``describe_optimizer``: optax keeps its hyper-parameters in closures; they are read from
   there, per transform in chain order (``{"1.scale_by_adam.b1": 0.9, "2.scale.step_size": -0.001}``).
+
+``checkpoint.description_diff`` compares two of them.
 """
 from __future__ import annotations
 
-import math
 import numbers
 
 import brainstate
 import numpy as np
 
-__all__ = ["describe_model", "describe_optimizer", "description_diff"]
+__all__ = ["describe_model", "describe_optimizer"]
 
 _MAX_DEPTH = 12
 
@@ -97,19 +98,3 @@ def describe_optimizer(opt) -> dict:
             walk(v, depth + 1)
     walk(opt, 0)
     return out
-
-
-def _same(a, b) -> bool:
-    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
-        return True
-    return a == b
-
-
-def description_diff(want: dict, got: dict, where: str) -> list[str]:
-    """One line per setting that differs, named ``<where>.<key>``."""
-    diffs = []
-    for k in sorted(set(want) | set(got)):
-        a, b = want.get(k, "<absent>"), got.get(k, "<absent>")
-        if not _same(a, b):
-            diffs.append(f"{where}.{k}: expected {a!r}, checkpoint has {b!r}")
-    return diffs
