@@ -161,6 +161,8 @@ BAD = [
      "security.curve_secret_key_file", "does not exist"),
     ("security", {"curve_authorized_dir": "/tmp"}, "security.curve_authorized_dir", "no effect without"),
     ("security", {"allow_any_client": True}, "security.allow_any_client", "no effect without"),
+    ("security", {"curve_secret_key_file": "/k", "curve_authorized_dir": "/tmp", "allow_any_client": True},
+     "security.allow_any_client", "contradicts"),
     ("modle", {"n_in": 1}, "modle", "unknown section"),
 ]
 

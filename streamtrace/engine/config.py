@@ -176,6 +176,9 @@ class EngineConfig:
         _int_range("checkpoint.keep", self.checkpoint.keep, 1, 1_000_000)
         sec = self.security
         if sec.curve_secret_key_file:
+            if sec.curve_authorized_dir and sec.allow_any_client:
+                raise ConfigError("security.allow_any_client", "contradicts security.curve_authorized_dir "
+                                  "(which admits only its keys): set one of them")
             if not sec.curve_authorized_dir and not sec.allow_any_client:
                 raise ConfigError("security.curve_authorized_dir", "required with security.curve_secret_key_file: "
                                   "a folder of the client public certificates allowed in (or set "
