@@ -300,14 +300,14 @@ def build_model(cfg: ModelConfig):
         except Exception as e:  # noqa: BLE001 - the module's own import code failed
             raise ConfigError("model.factory", f"importing {mod_name!r} raised {type(e).__name__}: {e}") from None
         if not callable(fn):
-            raise ConfigError("model.factory", f"{cfg.factory!r} is a {type(fn).__name__}, not a function")
+            raise ConfigError("model.factory", f"{cfg.factory!r} is not a function (type {type(fn).__name__})")
         try:
             model = fn()
         except Exception as e:  # noqa: BLE001 - the user's code: name it, no traceback
             raise ConfigError("model.factory", f"{cfg.factory}() raised {type(e).__name__}: {e}") from None
         import brainstate
         if not isinstance(model, brainstate.nn.Module):
-            raise ConfigError("model.factory", f"{cfg.factory}() returned a {type(model).__name__}, "
+            raise ConfigError("model.factory", f"{cfg.factory}() returned type {type(model).__name__}, "
                               "not a brainstate.nn.Module")
         return model
     return Stack(cfg.stack, cfg.n_in, cfg.n_hidden, cfg.n_out, readout=cfg.readout or None, seed=cfg.seed)

@@ -45,7 +45,7 @@ def _check_factory(factory: str):
     if fn is None:
         raise ConfigError("model.factory", f"{factory!r}: module {mod_name!r} has no attribute {fn_name!r}")
     if not callable(fn):
-        raise ConfigError("model.factory", f"{factory!r} is a {type(fn).__name__}, not a function")
+        raise ConfigError("model.factory", f"{factory!r} is not a function (type {type(fn).__name__})")
 
 
 def _check_cpu(cpu: int):
