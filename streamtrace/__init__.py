@@ -14,9 +14,9 @@ from .etrace import (
                      compile_graph,
                      pp_prop,
 )
-from .learner import CheckpointError, OnlineLearner
+from .learner import CheckpointError, Forecast, OnlineLearner, chain, normalise, param_groups, residual, rls
 
 __all__ = ["nn", "OnlineLearner", "CheckpointError", "compile_graph", "ETraceGraph", "CompileError", "ETraceVjpAlgorithm", "D_RTRL",
            "ES_D_RTRL", "pp_prop", "RTRL", "SingleStepData", "MultiStepData", "RandomFeedback",
-           "KappaFilter"]
+           "KappaFilter", "Forecast", "chain", "normalise", "residual", "rls", "param_groups"]
 __version__ = "0.1.0"

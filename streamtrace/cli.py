@@ -64,11 +64,10 @@ def stop(proc: subprocess.Popen, timeout: float = 30.0):
 def cmd_serve(args) -> int:
     from .engine import ConfigError, load_config, serve
     try:
-        cfg = load_config(args.config)
-    except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
+        return serve(load_config(args.config), announce=lambda s: print(s, flush=True))
+    except ConfigError as e:   # one line, no traceback: every bad value names its key
+        print("config error: " + " ".join(str(e).split()), file=sys.stderr)
         return 2
-    return serve(cfg, announce=lambda s: print(s, flush=True))
 
 
 # ---- demo -------------------------------------------------------------------------------

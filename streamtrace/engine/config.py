@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import importlib
 import ipaddress
+import math
+import re
 import tomllib
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
@@ -12,7 +14,14 @@ __all__ = ["EngineConfig", "load_config", "build_model", "ConfigError"]
 
 
 class ConfigError(ValueError):
-    """A configuration value is missing, of the wrong type, or inconsistent."""
+    """A configuration value is missing, of the wrong type, or inconsistent.
+
+    ``ConfigError("section.key", "what is wrong")`` reads ``section.key: what is wrong``, the
+    one line ``streamtrace serve`` prints; ``key`` names the blamed setting."""
+
+    def __init__(self, key: str, problem: str | None = None):
+        self.key = key if problem is not None else ""
+        super().__init__(key if problem is None else f"{key}: {problem}")
 
 
 @dataclass
@@ -79,6 +88,8 @@ class CheckpointConfig:
 class SecurityConfig:
     curve_secret_key_file: str = ""   # server key pair (zmq.auth.create_certificates): enables CURVE
     curve_authorized_dir: str = ""    # folder of client public certificates allowed to connect
+    allow_any_client: bool = False    # with a server key but no authorized folder: any client key
+                                      # gets in (encrypted, not authenticated); logged loudly
 
 
 @dataclass
@@ -99,27 +110,87 @@ class EngineConfig:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
     def validate(self) -> "EngineConfig":
+        """Every value on its own and against the others; what needs the machine (files,
+        ports, CPUs, the factory's module) is checked by ``engine.preflight``."""
         m, l, e = self.model, self.learning, self.engine
         from ..nn import STACKS
-        if not m.factory and m.stack not in STACKS:
-            raise ConfigError(f"model.stack = {m.stack!r}: choose one of {STACKS} or set model.factory")
+        if m.factory:
+            if not _FACTORY.match(m.factory):
+                raise ConfigError("model.factory", f"{m.factory!r}: write it as 'package.module:function'")
+        elif m.stack not in STACKS:
+            raise ConfigError("model.stack", f"{m.stack!r}: choose one of {STACKS} or set model.factory")
         for name in ("n_in", "n_hidden", "n_out"):
-            if getattr(m, name) < 1:
-                raise ConfigError(f"model.{name} must be >= 1")
+            _int_range(f"model.{name}", getattr(m, name), 1, MAX_UNITS)
+        if m.readout not in ("", "linear", "leaky"):
+            raise ConfigError("model.readout", f"{m.readout!r}: choose 'linear' or 'leaky' (or leave it out)")
+        _int_range("model.seed", m.seed, 0, 2**32 - 1)
         if l.algorithm not in ("d-rtrl", "es-d-rtrl", "rtrl"):
-            raise ConfigError(f"learning.algorithm = {l.algorithm!r}: choose d-rtrl, es-d-rtrl or rtrl")
+            raise ConfigError("learning.algorithm", f"{l.algorithm!r}: choose d-rtrl, es-d-rtrl or rtrl")
         if l.mode not in ("forecast", "supervised"):
-            raise ConfigError(f"learning.mode = {l.mode!r}: choose forecast or supervised")
+            raise ConfigError("learning.mode", f"{l.mode!r}: choose forecast or supervised")
         if l.optimizer not in OPTIMIZERS:
-            raise ConfigError(f"learning.optimizer = {l.optimizer!r}: choose one of {sorted(OPTIMIZERS)}")
-        if not l.lr > 0:
-            raise ConfigError("learning.lr must be > 0")
-        if e.slots < 1 or e.micro_batch < 1 or e.max_pending < 1:
-            raise ConfigError("engine.slots, engine.micro_batch and engine.max_pending must be >= 1")
+            raise ConfigError("learning.optimizer", f"{l.optimizer!r}: choose one of {sorted(OPTIMIZERS)}")
+        _positive("learning.lr", l.lr)
+        if not (math.isfinite(l.clip) and l.clip >= 0):
+            raise ConfigError("learning.clip", f"must be a gradient norm > 0 (or 0: no clipping); got {l.clip}")
+        _int_range("learning.learn_every", l.learn_every, 1, 1_000_000)
+        if not (0 <= l.decay < 1):
+            raise ConfigError("learning.decay", f"must be in [0, 1) (0: the default 0.9); got {l.decay}")
+        if not (l.rank == 0 or (math.isfinite(l.rank) and l.rank >= 1)):
+            raise ConfigError("learning.rank", f"must be >= 1 (or 0: use decay); got {l.rank}")
+        for name in ("decay", "rank"):
+            if getattr(l, name) and l.algorithm != "es-d-rtrl":
+                raise ConfigError(f"learning.{name}", f"only es-d-rtrl has a trace decay; "
+                                  f"learning.algorithm is {l.algorithm!r}")
+        if l.decay and l.rank:
+            raise ConfigError("learning.rank", "give learning.decay or learning.rank, not both")
+        if l.mode == "forecast" and not m.factory and m.n_out != m.n_in:
+            raise ConfigError("model.n_out", f"forecast mode predicts the next input, so it must equal "
+                              f"model.n_in = {m.n_in}; got {m.n_out} (or use learning.mode = 'supervised')")
+        _int_range("engine.slots", e.slots, 1, 1_000_000)
+        _int_range("engine.micro_batch", e.micro_batch, 1, 4096)
+        _int_range("engine.max_pending", e.max_pending, 1, 10_000_000)
+        if not e.idle_timeout_s >= 0:    # inf is fine: streams are never evicted
+            raise ConfigError("engine.idle_timeout_s", f"must be >= 0 seconds; got {e.idle_timeout_s}")
+        smallest = 512 + 8 * (m.n_in + m.n_out)
+        _int_range("engine.max_message_bytes", e.max_message_bytes, smallest, 1 << 30,
+                   f" (a data message of n_in + n_out float64 values and a 128-character stream name "
+                   f"needs up to ~{smallest} bytes)")
+        _int_range("engine.cpu", e.cpu, -1, 1 << 20, " (-1: no pinning)")
         if e.on_gap not in ("reject", "accept"):
-            raise ConfigError("engine.on_gap must be 'reject' or 'accept'")
-        if self.checkpoint.dir and self.checkpoint.every < 1:
-            raise ConfigError("checkpoint.every must be >= 1")
+            raise ConfigError("engine.on_gap", f"{e.on_gap!r}: choose 'reject' or 'accept'")
+        seen = {}
+        for key in ("router", "pull", "pub"):
+            addr = getattr(self.sockets, key)
+            if not addr and key == "router":
+                raise ConfigError("sockets.router", "required (sensors send to it), e.g. 'tcp://127.0.0.1:5555'")
+            if addr:
+                _check_address(f"sockets.{key}", addr)
+                if addr in seen:
+                    raise ConfigError(f"sockets.{key}", f"{addr!r} is also sockets.{seen[addr]}")
+                seen[addr] = key
+        _int_range("sockets.hwm", self.sockets.hwm, 0, 2**31 - 1, " (0: no limit)")
+        _int_range("publish.weights_every", self.publish.weights_every, 0, 2**62, " (0: never)")
+        _positive("publish.stats_every_s", self.publish.stats_every_s)
+        _int_range("checkpoint.every", self.checkpoint.every, 1, 2**62)
+        _int_range("checkpoint.keep", self.checkpoint.keep, 1, 1_000_000)
+        sec = self.security
+        if sec.curve_secret_key_file:
+            if sec.curve_authorized_dir and sec.allow_any_client:
+                raise ConfigError("security.allow_any_client", "contradicts security.curve_authorized_dir "
+                                  "(which admits only its keys): set one of them")
+            if not sec.curve_authorized_dir and not sec.allow_any_client:
+                raise ConfigError("security.curve_authorized_dir", "required with security.curve_secret_key_file: "
+                                  "a folder of the client public certificates allowed in (or set "
+                                  "security.allow_any_client = true to let any client key in)")
+        else:
+            for name in ("curve_authorized_dir", "allow_any_client"):
+                if getattr(sec, name):
+                    raise ConfigError(f"security.{name}", "has no effect without security.curve_secret_key_file "
+                                      "(the server's CURVE key): nothing would be authenticated")
+        _int_range("metrics.prometheus_port", self.metrics.prometheus_port, 0, 65535, " (0: off)")
+        if self.metrics.prometheus_port and not self.metrics.prometheus_addr:
+            raise ConfigError("metrics.prometheus_addr", "required with metrics.prometheus_port")
         return self
 
     def exposed_remotely(self) -> list[str]:
@@ -139,6 +210,32 @@ class EngineConfig:
         return out
 
 
+MAX_UNITS = 1_000_000
+_FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+_SCHEMES = ("tcp", "ipc", "inproc")
+
+
+def _int_range(key, v, lo, hi, note=""):
+    if not lo <= v <= hi:
+        raise ConfigError(key, f"must be in {lo}..{hi}{note}; got {v}")
+
+
+def _positive(key, v):
+    if not (math.isfinite(v) and v > 0):
+        raise ConfigError(key, f"must be a finite number > 0; got {v}")
+
+
+def _check_address(key, addr):
+    scheme, sep, rest = addr.partition("://")
+    if not sep or scheme not in _SCHEMES or not rest:
+        raise ConfigError(key, f"{addr!r} is not a ZeroMQ address: write e.g. 'tcp://127.0.0.1:5555' "
+                          f"or 'ipc:///tmp/streamtrace.sock' (schemes: {', '.join(_SCHEMES)})")
+    if scheme == "tcp":
+        host, colon, port = rest.rpartition(":")
+        if not colon or not host or not (port == "*" or (port.isdigit() and int(port) <= 65535)):
+            raise ConfigError(key, f"{addr!r}: a tcp address is 'tcp://<host or interface>:<port 0..65535 or *>'")
+
+
 def _opt(name):
     import optax
     return {"adam": optax.adam, "sgd": optax.sgd, "rmsprop": optax.rmsprop, "adamw": optax.adamw}[name]
@@ -155,18 +252,20 @@ def _fill(obj, data: dict, where: str):
     names = {f.name: f for f in fields(obj)}
     for key, value in data.items():
         if key not in names:
-            raise ConfigError(f"unknown key '{where}{key}'; known: {sorted(names)}")
+            what = "section" if not where else "key"
+            raise ConfigError(f"{where}{key}", f"unknown {what}; known: {', '.join(sorted(names))}")
         current = getattr(obj, key)
         if is_dataclass(current):
             if not isinstance(value, dict):
-                raise ConfigError(f"'{where}{key}' must be a table")
+                raise ConfigError(f"{where}{key}", f"must be a table ([{where}{key}]); got {value!r}")
             _fill(current, value, f"{where}{key}.")
             continue
         want = type(current)
         if want is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         if not isinstance(value, want) or (want is int and isinstance(value, bool)):
-            raise ConfigError(f"'{where}{key}' must be {want.__name__}; got {value!r}")
+            kind = {"int": "an integer", "float": "a number", "str": "a string", "bool": "true or false"}
+            raise ConfigError(f"{where}{key}", f"must be {kind.get(want.__name__, want.__name__)}; got {value!r}")
         setattr(obj, key, value)
 
 
@@ -176,9 +275,11 @@ def load_config(path: str | Path | None = None, overrides: dict | None = None) -
         try:
             data = tomllib.loads(Path(path).read_text())
         except FileNotFoundError:
-            raise ConfigError(f"config file {path} not found") from None
+            raise ConfigError("--config", f"file {path} not found") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError("--config", f"cannot read {path}: {e}") from None
         except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"{path}: invalid TOML: {e}") from None
+            raise ConfigError("--config", f"{path}: invalid TOML: {e}") from None
         _fill(cfg, data, "")
     if overrides:
         _fill(cfg, overrides, "")
@@ -191,10 +292,22 @@ def build_model(cfg: ModelConfig):
     if cfg.factory:
         mod_name, _, fn_name = cfg.factory.partition(":")
         if not mod_name or not fn_name:
-            raise ConfigError(f"model.factory = {cfg.factory!r}: write it as 'package.module:function'")
+            raise ConfigError("model.factory", f"{cfg.factory!r}: write it as 'package.module:function'")
         try:
             fn = getattr(importlib.import_module(mod_name), fn_name)
         except (ImportError, AttributeError) as e:
-            raise ConfigError(f"model.factory = {cfg.factory!r}: {e}") from None
-        return fn()
+            raise ConfigError("model.factory", f"{cfg.factory!r}: {e}") from None
+        except Exception as e:  # noqa: BLE001 - the module's own import code failed
+            raise ConfigError("model.factory", f"importing {mod_name!r} raised {type(e).__name__}: {e}") from None
+        if not callable(fn):
+            raise ConfigError("model.factory", f"{cfg.factory!r} is not a function (type {type(fn).__name__})")
+        try:
+            model = fn()
+        except Exception as e:  # noqa: BLE001 - the user's code: name it, no traceback
+            raise ConfigError("model.factory", f"{cfg.factory}() raised {type(e).__name__}: {e}") from None
+        import brainstate
+        if not isinstance(model, brainstate.nn.Module):
+            raise ConfigError("model.factory", f"{cfg.factory}() returned type {type(model).__name__}, "
+                              "not a brainstate.nn.Module")
+        return model
     return Stack(cfg.stack, cfg.n_in, cfg.n_hidden, cfg.n_out, readout=cfg.readout or None, seed=cfg.seed)

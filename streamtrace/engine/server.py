@@ -15,10 +15,12 @@ import time
 import zmq
 import zmq.auth
 
-from .config import EngineConfig
+from ..learner.checkpoint import CheckpointError
+from .config import ConfigError, EngineConfig
 from .core import EngineCore
+from .preflight import check_environment, check_security
 
-__all__ = ["Engine", "serve"]
+__all__ = ["Engine", "serve", "open_engine"]
 
 log = logging.getLogger("streamtrace.engine")
 
@@ -26,23 +28,37 @@ log = logging.getLogger("streamtrace.engine")
 class Engine:
     def __init__(self, cfg: EngineConfig, *, ctx: zmq.Context | None = None):
         self.cfg = cfg
+        check_security(cfg)           # CURVE never starts open by accident
         if cfg.engine.cpu >= 0:
             os.sched_setaffinity(0, {cfg.engine.cpu})
         if cfg.engine.sync_dispatch:
             import jax
             jax.config.update("jax_cpu_enable_async_dispatch", False)
         self.core = EngineCore(cfg)
+        self.resumed = self.core.resume()   # before compiling: a foreign checkpoint refuses fast
         self.core.warmup()
-        self.resumed = self.core.resume()
         self.ctx = ctx or zmq.Context.instance()
         self._stop = False
         self._auth = None
-        self.router = self._socket(zmq.ROUTER, cfg.sockets.router)
-        self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self.pull = self._socket(zmq.PULL, cfg.sockets.pull) if cfg.sockets.pull else None
-        self.pub = self._socket(zmq.PUB, cfg.sockets.pub) if cfg.sockets.pub else None
-        if cfg.metrics.prometheus_port:
-            self.core.metrics.serve_prometheus(cfg.metrics.prometheus_port, cfg.metrics.prometheus_addr)
+        self.router = self.pull = self.pub = None
+        try:
+            self.router = self._socket(zmq.ROUTER, cfg.sockets.router)
+            self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+            self.pull = self._socket(zmq.PULL, cfg.sockets.pull) if cfg.sockets.pull else None
+            self.pub = self._socket(zmq.PUB, cfg.sockets.pub) if cfg.sockets.pub else None
+            if cfg.metrics.prometheus_port:
+                try:
+                    self.core.metrics.serve_prometheus(cfg.metrics.prometheus_port, cfg.metrics.prometheus_addr)
+                except OSError as e:
+                    raise ConfigError("metrics.prometheus_port", f"cannot listen on "
+                                      f"{cfg.metrics.prometheus_addr}:{cfg.metrics.prometheus_port}: {e}") from None
+        except BaseException:   # a socket that cannot bind: release the ones that did
+            for s in (self.router, self.pull, self.pub):
+                if s is not None:
+                    s.close(0)
+            if self._auth is not None:
+                self._auth.stop()
+            raise
 
     def _socket(self, kind, addr):
         s = self.ctx.socket(kind)
@@ -58,10 +74,20 @@ class Engine:
                 from zmq.auth.thread import ThreadAuthenticator
                 self._auth = ThreadAuthenticator(self.ctx)
                 self._auth.start()
-                self._auth.configure_curve(domain="*", location=sec.curve_authorized_dir or zmq.auth.CURVE_ALLOW_ANY)
+                if sec.curve_authorized_dir:
+                    self._auth.configure_curve(domain="*", location=sec.curve_authorized_dir)
+                else:   # check_security let this through only with allow_any_client = true
+                    log.warning("security.allow_any_client = true: ANY client key may connect (traffic is "
+                                "encrypted, clients are NOT authenticated); set security.curve_authorized_dir")
+                    self._auth.configure_curve(domain="*", location=zmq.auth.CURVE_ALLOW_ANY)
             public, secret = zmq.auth.load_certificate(sec.curve_secret_key_file)
             s.curve_publickey, s.curve_secretkey, s.curve_server = public, secret, True
-        s.bind(addr)
+        try:
+            s.bind(addr)
+        except zmq.ZMQError as e:
+            s.close(0)
+            key = {zmq.ROUTER: "router", zmq.PULL: "pull", zmq.PUB: "pub"}.get(kind, "router")
+            raise ConfigError(f"sockets.{key}", f"cannot listen on {addr!r}: {e}") from None
         return s
 
     @property
@@ -148,13 +174,43 @@ class Engine:
                 self._auth.stop()
 
 
+def open_engine(cfg: EngineConfig) -> Engine:
+    """The engine for a validated config, ready to ``run``. Anything in the config that this
+    machine or the checkpoint folder cannot honour is a ConfigError naming the key."""
+    check_environment(cfg)
+    try:
+        return Engine(cfg)
+    except CheckpointError as e:
+        raise ConfigError("checkpoint.dir", f"{cfg.checkpoint.dir!r} holds checkpoints this engine cannot "
+                          f"resume; refusing to start rather than overwrite them (point checkpoint.dir "
+                          f"elsewhere or move them away): {e}") from None
+    except ConfigError:
+        raise
+    except ValueError as e:
+        # the model the config builds does not fit the config's sizes / mode
+        text = str(e)
+        named = [(text.find(k), k) for k in ("model.n_in", "model.n_out") if k in text]
+        blamed = min(named)[1] if named else None
+        if blamed is None and "forecast" in text:
+            blamed = "learning.mode"
+        if blamed is None and type(e).__name__ != "CompileError":
+            raise
+        raise ConfigError(blamed or ("model.factory" if cfg.model.factory else "model.stack"),
+                          f"{type(e).__name__}: {text}" if type(e).__name__ == "CompileError" else text) from None
+
+
 def serve(cfg: EngineConfig, *, announce=print) -> int:
     exposed = cfg.exposed_remotely()
     if exposed and not cfg.security.curve_secret_key_file:
         announce(f"WARNING: {', '.join(exposed)} listen beyond loopback without CURVE authentication; "
                  "set security.curve_secret_key_file for remote sensors")
-    engine = Engine(cfg)
+    if cfg.security.curve_secret_key_file and cfg.security.allow_any_client:
+        announce("WARNING: security.allow_any_client = true: ANY client key may connect (encrypted, NOT "
+                 "authenticated); set security.curve_authorized_dir to admit only known sensors")
+    engine = open_engine(cfg)
     if engine.resumed:
+        for w in engine.resumed.get("warnings", []):
+            announce(f"WARNING: {w}")
         announce(f"resumed from {engine.resumed['path']} at step {engine.core.steps} "
                  f"(a crash loses at most {cfg.checkpoint.every} steps)")
     announce(f"streamtrace engine: {engine.endpoints}; model {cfg.model.factory or cfg.model.stack} "

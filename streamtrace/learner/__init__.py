@@ -6,8 +6,15 @@ from .checkpoint import (
            write_checkpoint,
 )
 from .core import OnlineLearner, StepResult
+from .groups import param_groups
 from .losses import LOSSES
+from .modes import Forecast
+from .normalise import normalise
 from .packing import Layout
+from .residual import residual
+from .rls import rls
+from .transforms import chain
 
 __all__ = ["OnlineLearner", "StepResult", "Layout", "LOSSES", "CheckpointError", "CheckpointDir",
-           "read_checkpoint", "write_checkpoint"]
+           "read_checkpoint", "write_checkpoint", "Forecast", "normalise", "residual", "chain", "rls",
+           "param_groups"]

@@ -10,10 +10,11 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
+import math
 import os
 import re
 import tempfile
-import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +24,10 @@ __all__ = ["CheckpointError", "write_checkpoint", "read_checkpoint", "Checkpoint
 FORMAT = "streamtrace-checkpoint"
 VERSION = 1
 _META = "__meta__"
+# signature parts compared setting by setting; "optimizer" differences only warn (see below)
+_DESCRIBED = ("model", "optimizer")
+
+log = logging.getLogger("streamtrace.checkpoint")
 
 
 class CheckpointError(RuntimeError):
@@ -69,7 +74,10 @@ def write_checkpoint(path, arrays: dict, signature: dict, extra: dict | None = N
 
 
 def read_checkpoint(path, expect_signature: dict | None = None) -> tuple[dict, dict]:
-    """Returns (arrays, header). Raises CheckpointError naming what is wrong."""
+    """Returns (arrays, header). Raises CheckpointError naming what is wrong: any failure to
+    read the file is one (zipfile, zlib, numpy and json raise many kinds on damaged bytes).
+    With ``expect_signature``, a file of another model is refused; different optimizer
+    settings are allowed, logged and listed in ``header["warnings"]``."""
     path = Path(path)
     try:
         loaded = np.load(path, allow_pickle=False)
@@ -80,30 +88,78 @@ def read_checkpoint(path, expect_signature: dict | None = None) -> tuple[dict, d
             if _META not in names:
                 raise CheckpointError(f"{path}: not a streamtrace checkpoint (no header)")
             header = json.loads(bytes(z[_META]).decode())
+            if not isinstance(header, dict):
+                raise CheckpointError(f"{path}: not a streamtrace checkpoint (the header is not a JSON object)")
             arrays = {n: z[n] for n in names if n != _META}
     except CheckpointError:
         raise
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError, json.JSONDecodeError, KeyError) as e:
+    except Exception as e:  # noqa: BLE001 - damaged bytes surface as many exception types
         raise CheckpointError(f"{path}: unreadable or truncated checkpoint ({type(e).__name__}: {e})") from e
     if header.get("format") != FORMAT or header.get("version") != VERSION:
         raise CheckpointError(f"{path}: unsupported checkpoint format {header.get('format')!r} "
                               f"version {header.get('version')!r} (expected {FORMAT!r} v{VERSION})")
-    if _digest(arrays) != header.get("sha256"):
+    try:
+        same = _digest(arrays) == header.get("sha256")
+    except Exception as e:  # noqa: BLE001 - e.g. an array member of an unhashable dtype
+        raise CheckpointError(f"{path}: unreadable checkpoint contents ({type(e).__name__}: {e})") from e
+    if not same:
         raise CheckpointError(f"{path}: checksum mismatch, the file is corrupted")
+    if not isinstance(header.get("signature", {}), dict):
+        raise CheckpointError(f"{path}: not a streamtrace checkpoint (malformed signature)")
     if expect_signature is not None:
-        diffs = signature_diff(expect_signature, header.get("signature", {}))
-        if diffs:
-            raise CheckpointError(f"{path}: checkpoint is from a different model/learner: " + "; ".join(diffs))
+        check_signature(path, expect_signature, header)
     return arrays, header
+
+
+def check_signature(path, want: dict, header: dict):
+    """Refuses (CheckpointError) a checkpoint of another model or learner. Optimizer settings
+    that differ (learning rate, clipping, betas) are accepted with a logged warning: the saved
+    optimizer state fits whenever the state signature matches, and changing the learning rate
+    across a restart is a legitimate choice; a change that alters the optimizer *state*
+    (Adam -> SGD, clipping on/off) is refused through the state signature."""
+    got = header.get("signature", {})
+    diffs = signature_diff(want, got)
+    opt = optimizer_diff(want, got)
+    if diffs:
+        raise CheckpointError(f"{path}: checkpoint is from a different model/learner: "
+                              + "; ".join(diffs + opt))
+    if opt:
+        msg = f"{path}: restoring with different optimizer settings: " + "; ".join(opt)
+        log.warning(msg)
+        header.setdefault("warnings", []).append(msg)
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return a == b
+
+
+def description_diff(want: dict, got: dict, where: str) -> list[str]:
+    """One line per setting (``learner.describe``) that differs, named ``<where>.<key>``."""
+    diffs = []
+    for k in sorted(set(want) | set(got)):
+        a, b = want.get(k, "<absent>"), got.get(k, "<absent>")
+        if not _same(a, b):
+            diffs.append(f"{where}.{k}: expected {a!r}, checkpoint has {b!r}")
+    return diffs
+
+
+def optimizer_diff(want: dict, got: dict) -> list[str]:
+    if "optimizer" not in want or "optimizer" not in got:   # older checkpoints do not record it
+        return []
+    return description_diff(want["optimizer"], got["optimizer"], "optimizer")
 
 
 def signature_diff(want: dict, got: dict, limit: int = 6) -> list[str]:
     diffs = []
     for k in sorted(set(want) | set(got)):
-        if k == "state":
+        if k == "state" or k in _DESCRIBED:
             continue
         if want.get(k) != got.get(k):
             diffs.append(f"{k}: expected {want.get(k)!r}, checkpoint has {got.get(k)!r}")
+    if "model" in want and "model" in got:     # older checkpoints do not record it
+        diffs += description_diff(want["model"], got["model"], "model")
     ws = {n: (s, d) for n, s, d in want.get("state", [])}
     gs = {n: (s, d) for n, s, d in got.get("state", [])}
     for n in sorted(set(ws) - set(gs)):
@@ -148,19 +204,18 @@ class CheckpointDir:
         return path
 
     def latest_good(self, expect_signature: dict | None = None):
-        """(path, arrays, header) of the newest readable checkpoint, or None; with the
-        errors of newer unreadable ones. A mismatching signature is not skipped: it raises."""
+        """(path, arrays, header, errors) of the newest readable checkpoint, or Nones; errors
+        name the newer unreadable ones, each also logged as it is skipped. A checkpoint of
+        another model is not skipped: it raises (its folder belongs to something else)."""
         errors = []
         for path in reversed(self.paths()):
             try:
                 arrays, header = read_checkpoint(path)
             except CheckpointError as e:
+                log.warning("skipping checkpoint, trying an older one: %s", e)
                 errors.append(str(e))
                 continue
             if expect_signature is not None:
-                diffs = signature_diff(expect_signature, header.get("signature", {}))
-                if diffs:
-                    raise CheckpointError(f"{path}: checkpoint is from a different model/learner: "
-                                          + "; ".join(diffs))
+                check_signature(path, expect_signature, header)
             return path, arrays, header, errors
         return None, None, None, errors

@@ -12,6 +12,7 @@ import optax
 
 from .algorithms import make_algorithm
 from .checkpoint import read_checkpoint, write_checkpoint
+from .describe import describe_model, describe_optimizer
 from .groups import ParamGroups
 from .losses import get_loss
 from .modes import Forecast
@@ -104,7 +105,8 @@ class OnlineLearner:
                                  "transform": None if transform is None else transform.describe(),
                                  "readout": None if readout is None else readout.describe(),
                                  "groups": None if groups is None else groups.describe(),
-                                 "frozen": frozen}
+                                 "frozen": frozen, "model": describe_model(model),
+                                 "optimizer": {} if self.fns.opt is None else describe_optimizer(self.fns.opt)}
         state0 = self._init_state()
         self.layout = Layout(state0, standalone=standalone)
         self._init_buffers = self.layout.pack(state0)

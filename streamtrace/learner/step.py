@@ -129,7 +129,9 @@ class StepFunctions:
             state["pending"] = {"x": jnp.zeros((n_slots,) + tuple(x_shape), x_dtype),
                                 "valid": jnp.zeros(n_slots, jnp.int32),
                                 "pred": jnp.zeros((n_slots,) + y_shape, y_dtype or x_dtype)}
-        sig = self.transform.init(n_slots, tuple(x_shape), y_shape, self.cfg.channels)
+        # forecast of all channels: the target is the whole next input
+        channels = self.cfg.channels if self.cfg.mode != "forecast" or self.cfg.channels else slice(None)
+        sig = self.transform.init(n_slots, tuple(x_shape), y_shape, channels)
         if sig:
             state["signal"] = sig
         if self.readout is not None:

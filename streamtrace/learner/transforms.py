@@ -2,8 +2,8 @@
 
 A transform is a small pure object (optax style) working on per-slot arrays (leading axis N):
 
-    init(n, x_shape, y_shape, channels) -> state   channels: the input channels a forecast
-                                                     predicts (None: supervised targets)
+    init(n, x_shape, y_shape, channels) -> state   channels: what a forecast predicts, an index
+                                                     into x's last axis (None: supervised targets)
     encode(state, x) -> x'                          the model's input
     target(state, x, y) -> y'                       the model-space target of a prediction made
                                                      from input x (user units, as x arrived)
