@@ -1,24 +1,51 @@
-"""A learner from a config: the one place that turns ``[model]`` and ``[learning]`` into an
-``OnlineLearner`` (the engine serves it, ``streamtrace evaluate`` scores it)."""
+"""A learner from a config: the one place that turns ``[model]``, ``[reservoir]``, ``[signal]``,
+``[readout]`` and ``[learning]`` into an ``OnlineLearner`` (the engine serves it,
+``streamtrace evaluate`` scores it)."""
 from __future__ import annotations
 
 import numpy as np
 
-from ..learner import OnlineLearner
+from ..learner import Forecast, OnlineLearner, chain, normalise, residual, rls
 from .config import ConfigError, EngineConfig, build_model, make_optimizer
 
-__all__ = ["build_learner"]
+__all__ = ["build_learner", "set_precision"]
+
+
+def set_precision(bits: int):
+    """jax's float width for what is built next (brainstate's switch: its import resets jax's)."""
+    import brainstate
+    brainstate.environ.set(precision=bits)
+
+
+def transform_of(cfg: EngineConfig):
+    sg = cfg.signal
+    parts = ([normalise(sg.normalise_warmup, sg.normalise_rate)] if sg.normalise else []) + \
+        ([residual()] if sg.residual else [])
+    return chain(*parts) if parts else None
+
+
+def readout_of(cfg: EngineConfig):
+    ro = cfg.readout
+    if ro.kind != "rls":
+        return None
+    n_out = cfg.model.n_out if cfg.learning.mode != "forecast" else None
+    return rls(n_out, lam=ro.lam, delta=ro.delta, use_input=ro.use_input)
 
 
 def build_learner(cfg: EngineConfig, *, slots: int | None = None, shared_weights: bool = True) -> OnlineLearner:
     lc = cfg.learning
-    model = build_model(cfg.model)
-    example = np.zeros(cfg.model.n_in, np.float32)
+    set_precision(cfg.model.precision)
+    model = build_model(cfg.model, cfg.reservoir)
+    example = np.zeros(cfg.model.n_in, np.float64 if cfg.model.precision == 64 else np.float32)
+    mode = lc.mode
+    if mode == "forecast" and (lc.channels or lc.horizon > 1):
+        mode = Forecast(tuple(lc.channels) or None, lc.horizon)
     try:
         return OnlineLearner(
             model, example, algorithm=lc.algorithm, decay=lc.decay or None, rank=lc.rank or None,
-            optimizer=make_optimizer(lc), mode=lc.mode, learn_every=lc.learn_every, slots=slots,
-            shared_weights=shared_weights, clip=lc.clip or None)
+            optimizer=make_optimizer(lc), mode=mode, learn_every=lc.learn_every, slots=slots,
+            shared_weights=shared_weights, clip=lc.clip or None, transform=transform_of(cfg),
+            readout=readout_of(cfg), window=cfg.metrics.window)
     except (TypeError, ValueError) as e:
         if isinstance(e, ConfigError) or type(e).__name__ == "CompileError":
             raise

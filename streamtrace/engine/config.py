@@ -33,6 +33,32 @@ class ModelConfig:
     n_out: int = 1
     readout: str = ""            # "", "linear" or "leaky"
     seed: int = 0
+    precision: int = 32          # 32 or 64 (float64: what an exact RLS readout needs to shine)
+
+
+@dataclass
+class ReservoirConfig:           # model.stack = "reservoir": n_hidden leaky tanh units
+    leak: float = 1.0
+    spectral_radius: float = 0.9
+    input_scaling: float = 0.3
+    bias_scaling: float = 0.5
+    density: float = 0.1
+
+
+@dataclass
+class SignalConfig:              # between the user's units and the model
+    normalise: bool = False      # causal per-channel standardisation (learning waits for warm-up)
+    normalise_warmup: int = 100
+    normalise_rate: float = 0.0  # after warm-up: 0 = frozen statistics, else an exponential rate
+    residual: bool = False       # forecast: predict the change from the last value
+
+
+@dataclass
+class ReadoutConfig:             # a closed-form readout over the model's output features
+    kind: str = ""               # "" (the model's own output is the prediction) or "rls"
+    lam: float = 1.0             # forgetting factor (1: remember everything)
+    delta: float = 1e-4          # P starts at I / delta (smaller: less regularisation)
+    use_input: bool = True       # the (encoded) input is a readout feature too
 
 
 @dataclass
@@ -41,10 +67,12 @@ class LearningConfig:
     decay: float = 0.0           # es-d-rtrl trace decay (0 = use rank or the default 0.9)
     rank: float = 0.0
     mode: str = "forecast"       # forecast (target = next input) or supervised
-    optimizer: str = "adam"      # adam, sgd, rmsprop, adamw
+    optimizer: str = "adam"      # adam, sgd, rmsprop, adamw, or frozen (the weights never move)
     lr: float = 1e-3
     clip: float = 0.0            # global-norm gradient clipping; 0 = off
     learn_every: int = 1
+    channels: list = field(default_factory=list)   # forecast: the input channels to predict ([]: all)
+    horizon: int = 1             # forecast: predict the next `horizon` values every step
 
 
 @dataclass
@@ -96,11 +124,15 @@ class SecurityConfig:
 class MetricsConfig:
     prometheus_port: int = 0      # 0 = off; served on 127.0.0.1
     prometheus_addr: str = "127.0.0.1"
+    window: int = 1000            # rolling prequential metrics: time constant in steps
 
 
 @dataclass
 class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
+    reservoir: ReservoirConfig = field(default_factory=ReservoirConfig)
+    signal: SignalConfig = field(default_factory=SignalConfig)
+    readout: ReadoutConfig = field(default_factory=ReadoutConfig)
     learning: LearningConfig = field(default_factory=LearningConfig)
     engine: EngineSection = field(default_factory=EngineSection)
     sockets: SocketsConfig = field(default_factory=SocketsConfig)
@@ -117,8 +149,12 @@ class EngineConfig:
         if m.factory:
             if not _FACTORY.match(m.factory):
                 raise ConfigError("model.factory", f"{m.factory!r}: write it as 'package.module:function'")
-        elif m.stack not in STACKS:
-            raise ConfigError("model.stack", f"{m.stack!r}: choose one of {STACKS} or set model.factory")
+        elif m.stack not in STACKS + ("reservoir",):
+            raise ConfigError("model.stack", f"{m.stack!r}: choose one of {STACKS + ('reservoir',)} "
+                              "or set model.factory")
+        if m.precision not in (32, 64):
+            raise ConfigError("model.precision", f"must be 32 or 64; got {m.precision}")
+        self._validate_learning_quality()
         for name in ("n_in", "n_hidden", "n_out"):
             _int_range(f"model.{name}", getattr(m, name), 1, MAX_UNITS)
         if m.readout not in ("", "linear", "leaky"):
@@ -144,9 +180,11 @@ class EngineConfig:
                                   f"learning.algorithm is {l.algorithm!r}")
         if l.decay and l.rank:
             raise ConfigError("learning.rank", "give learning.decay or learning.rank, not both")
-        if l.mode == "forecast" and not m.factory and m.n_out != m.n_in:
+        n_pred = len(l.channels) if l.channels else m.n_in
+        if l.mode == "forecast" and not m.factory and m.n_out != n_pred:
+            what = f"len(learning.channels) = {n_pred}" if l.channels else f"model.n_in = {m.n_in}"
             raise ConfigError("model.n_out", f"forecast mode predicts the next input, so it must equal "
-                              f"model.n_in = {m.n_in}; got {m.n_out} (or use learning.mode = 'supervised')")
+                              f"{what}; got {m.n_out} (or use learning.mode = 'supervised')")
         _int_range("engine.slots", e.slots, 1, 1_000_000)
         _int_range("engine.micro_batch", e.micro_batch, 1, 4096)
         _int_range("engine.max_pending", e.max_pending, 1, 10_000_000)
@@ -192,6 +230,40 @@ class EngineConfig:
         if self.metrics.prometheus_port and not self.metrics.prometheus_addr:
             raise ConfigError("metrics.prometheus_addr", "required with metrics.prometheus_port")
         return self
+
+    def _validate_learning_quality(self):
+        m, r, sg, ro, l = self.model, self.reservoir, self.signal, self.readout, self.learning
+        if not 0 < r.leak <= 1:
+            raise ConfigError("reservoir.leak", f"must be in (0, 1]; got {r.leak}")
+        if not 0 < r.density <= 1:
+            raise ConfigError("reservoir.density", f"must be in (0, 1]; got {r.density}")
+        for key in ("spectral_radius", "input_scaling", "bias_scaling"):
+            v = getattr(r, key)
+            if not (math.isfinite(v) and v >= 0):
+                raise ConfigError(f"reservoir.{key}", f"must be a finite number >= 0; got {v}")
+        _int_range("signal.normalise_warmup", sg.normalise_warmup, 1, 2**31 - 1)
+        if not 0 <= sg.normalise_rate < 1:
+            raise ConfigError("signal.normalise_rate", f"must be in [0, 1); got {sg.normalise_rate}")
+        if sg.residual and l.mode != "forecast":
+            raise ConfigError("signal.residual", "predicts the change of a forecast: needs learning.mode = 'forecast'")
+        if ro.kind not in ("", "rls"):
+            raise ConfigError("readout.kind", f"{ro.kind!r}: choose 'rls' (or leave it out)")
+        if not 0 < ro.lam <= 1:
+            raise ConfigError("readout.lam", f"must be in (0, 1]; got {ro.lam}")
+        _positive("readout.delta", ro.delta)
+        if m.stack == "reservoir" and not m.factory and ro.kind != "rls":
+            raise ConfigError("readout.kind", "model.stack = 'reservoir' returns its state: it needs readout.kind = 'rls'")
+        if l.channels:
+            if not all(isinstance(c, int) and not isinstance(c, bool) for c in l.channels):
+                raise ConfigError("learning.channels", f"must be a list of input channel indices; got {l.channels!r}")
+            if len(set(l.channels)) != len(l.channels) or min(l.channels) < 0 or max(l.channels) >= m.n_in:
+                raise ConfigError("learning.channels", f"must be distinct indices in 0..{m.n_in - 1}; got {l.channels}")
+            if l.mode != "forecast":
+                raise ConfigError("learning.channels", "chooses what a forecast predicts: needs learning.mode = 'forecast'")
+        _int_range("learning.horizon", l.horizon, 1, 10_000)
+        if l.horizon > 1 and l.mode != "forecast":
+            raise ConfigError("learning.horizon", "needs learning.mode = 'forecast'")
+        _int_range("metrics.window", self.metrics.window, 1, 2**31 - 1)
 
     def exposed_remotely(self) -> list[str]:
         """Socket addresses that listen beyond loopback."""
@@ -241,11 +313,11 @@ def _opt(name):
     return {"adam": optax.adam, "sgd": optax.sgd, "rmsprop": optax.rmsprop, "adamw": optax.adamw}[name]
 
 
-OPTIMIZERS = ("adam", "sgd", "rmsprop", "adamw")
+OPTIMIZERS = ("adam", "sgd", "rmsprop", "adamw", "frozen")
 
 
 def make_optimizer(cfg: LearningConfig):
-    return _opt(cfg.optimizer)(cfg.lr)
+    return "frozen" if cfg.optimizer == "frozen" else _opt(cfg.optimizer)(cfg.lr)
 
 
 def _fill(obj, data: dict, where: str):
@@ -286,9 +358,9 @@ def load_config(path: str | Path | None = None, overrides: dict | None = None) -
     return cfg.validate()
 
 
-def build_model(cfg: ModelConfig):
-    """The configured model: a built-in stack, or the user's ``module:function``."""
-    from ..nn import Stack
+def build_model(cfg: ModelConfig, reservoir: ReservoirConfig | None = None):
+    """The configured model: a built-in stack, a reservoir, or the user's ``module:function``."""
+    from ..nn import Reservoir, Stack
     if cfg.factory:
         mod_name, _, fn_name = cfg.factory.partition(":")
         if not mod_name or not fn_name:
@@ -310,4 +382,9 @@ def build_model(cfg: ModelConfig):
             raise ConfigError("model.factory", f"{cfg.factory}() returned type {type(model).__name__}, "
                               "not a brainstate.nn.Module")
         return model
+    if cfg.stack == "reservoir":
+        r = reservoir or ReservoirConfig()
+        return Reservoir(cfg.n_in, cfg.n_hidden, leak=r.leak, spectral_radius=r.spectral_radius,
+                         input_scaling=r.input_scaling, bias_scaling=r.bias_scaling, density=r.density,
+                         seed=cfg.seed)
     return Stack(cfg.stack, cfg.n_in, cfg.n_hidden, cfg.n_out, readout=cfg.readout or None, seed=cfg.seed)

@@ -1,6 +1,8 @@
 """Online per-channel standardisation, causal: the statistics used for a sample are those of
 the samples before it. Running mean and variance (Welford) over the first ``warmup`` samples,
 then either frozen (``rate=0``) or tracking slowly as an exponential average with ``rate``.
+The learner does not learn from a slot until its warm-up is over: what a readout or the
+weights learn in units that are still moving would be wrong once they settle.
 
 Inputs and supervised targets each get their own statistics; a forecast's target is the next
 input, so its statistics are those of the forecast channels.
@@ -17,7 +19,7 @@ __all__ = ["Normalise", "normalise"]
 class Normalise(Transform):
     name = "normalise"
 
-    def __init__(self, warmup: int = 1000, rate: float = 1e-4, eps: float = 1e-8):
+    def __init__(self, warmup: int = 100, rate: float = 0.0, eps: float = 1e-8):
         if not isinstance(warmup, int) or warmup < 1:
             raise ValueError(f"normalise: warmup must be an integer >= 1; got {warmup!r}")
         if not 0.0 <= rate < 1.0:
@@ -74,6 +76,9 @@ class Normalise(Transform):
         okl = lead(ok)
         return {"mean": jnp.where(okl, mean, s["mean"]), "var": jnp.where(okl, var, s["var"])}
 
+    def ready(self, state):
+        return state["n"] >= self.warmup
+
     def observe(self, state, x, y, ok):
         new = {"n": jnp.where(ok, state["n"] + 1, state["n"]), "x": self._update(state["x"], x, state["n"], ok)}
         if "y" in state:
@@ -81,6 +86,6 @@ class Normalise(Transform):
         return new
 
 
-def normalise(warmup: int = 1000, rate: float = 1e-4, eps: float = 1e-8) -> Normalise:
+def normalise(warmup: int = 100, rate: float = 0.0, eps: float = 1e-8) -> Normalise:
     """Causal per-channel standardisation of inputs and targets (see ``Normalise``)."""
     return Normalise(warmup, rate, eps)

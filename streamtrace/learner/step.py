@@ -248,27 +248,29 @@ class StepFunctions:
     def _supervised(self, state, x, target, active, learn):
         x_ok = active & jnp.isfinite(_slot_sum(x))
         ok = x_ok & (jnp.isfinite(_slot_sum(target)) | ~learn)
+        sig, T = self._signal(state), self.transform
         learning = ok & learn
         # a bad slot's numbers must not reach the summed gradient, not even as 0 * NaN
         x, target = jnp.where(_lead(ok, x), x, 0), jnp.where(_lead(learning, target), target, 0)
-        sig, T = self._signal(state), self.transform
+        settled = T.ready(sig)
         z, t_model = T.encode(sig, x), T.target(sig, x, target)
 
         def total(p):
             out, h, tr = self._model(p, state, z, learn=True)
             pred, r = self._head(state, out, z)
             losses = jax.vmap(self.loss_fn)(pred, t_model)
-            return self._weighted(losses, learning), (pred, r, h, tr, losses)
+            return self._weighted(losses, learning & settled), (pred, r, h, tr, losses)
         (pred, r, h, tr, losses), grads = self._run(total, state)
         ok = ok & jnp.isfinite(_slot_sum(h) + _slot_sum(tr)) & (jnp.isfinite(losses) | ~learning)
-        learning = learning & ok
+        observe = learning & ok     # the transform learns its statistics from every good sample
+        learning = observe & settled
         out = T.decode(sig, x, pred)
         state = {**state, "hidden": _slot_where(ok, h, state["hidden"]),
                  "traces": _slot_where(ok, tr, state["traces"])}
         state = self._learn_readout(state, r, t_model, learning)
         state, applied = self._apply(state, grads, jnp.any(learning))
-        state = self._observe(state, x, target, learning)
-        state = self._finish(state, active & ~ok, learning, losses, out, target, learning)
+        state = self._observe(state, x, target, observe)
+        state = self._finish(state, active & ~ok, learning, losses, out, target, observe)
         return state, out, jnp.where(learning, losses, jnp.nan), applied
 
     def _forecast(self, state, x, active, learn):
@@ -282,7 +284,7 @@ class StepFunctions:
         sig = self._signal(state)
         x_ok = active & jnp.isfinite(_slot_sum(x))
         has_prev = x_ok & (pend["valid"] > 0)
-        learning = has_prev & learn
+        learning = has_prev & learn & T.ready(sig)
         x = jnp.where(_lead(x_ok, x), x, 0)
         y_now = x if self.cfg.channels is None else x[..., self.cfg.channels]
         z_prev, t_model = T.encode(sig, pend["x"]), T.target(sig, pend["x"], y_now)

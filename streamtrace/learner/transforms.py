@@ -9,6 +9,8 @@ A transform is a small pure object (optax style) working on per-slot arrays (lea
                                                      from input x (user units, as x arrived)
     decode(state, x, y') -> y                       a model-space prediction back to user units
     observe(state, x, y, ok) -> state               learn the statistics from a new sample
+    ready(state) -> (N,) bool                       whether a slot's transform is settled
+                                                     (the learner learns only from settled slots)
 
 ``chain(a, b)`` runs a then b: b sees a's encoding of x, and decodes before a does. Order the
 normaliser first so the residual is taken in normalised units.
@@ -35,6 +37,9 @@ class Transform:
 
     def observe(self, state, x, y, ok):
         return state
+
+    def ready(self, state):
+        return True
 
     def describe(self) -> dict:
         """Settings recorded in checkpoints (plain numbers and strings)."""
@@ -85,6 +90,12 @@ class _Chain(Transform):
             y = None if y is None else p.target(state[p.name], xi, y)
             xi = p.encode(state[p.name], xi)
         return new
+
+    def ready(self, state):
+        out = True
+        for p in self.parts:
+            out = out & p.ready(state[p.name])
+        return out
 
     def describe(self):
         return {"kind": "chain", "parts": [p.describe() for p in self.parts]}
