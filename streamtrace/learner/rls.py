@@ -9,6 +9,11 @@ input x, and a bias), forgetting factor lam (1: remember everything) and P the i
 P starts at I / delta. Every slot has its own W and P (each stream its own readout), also
 when the model's weights are shared. A slot whose update is not finite keeps its old W, P.
 
+Several ``delta`` values: one readout per value, all updated every step, and each step's
+prediction comes from the one with the lowest recent prequential error (an exponential
+average of its squared prior errors over ``select_window`` steps). A strong ridge wins on short
+or noisy streams, a weak one on long clean ones; the choice uses past errors only.
+
 Learning the model under it (the hybrid): the loss of the readout's prediction, with W held
 fixed, has gradient -W e with respect to h; that is what reaches the eligibility traces.
 """
@@ -20,28 +25,33 @@ __all__ = ["RLSReadout", "rls"]
 
 
 class RLSReadout:
-    def __init__(self, n_out: int | None = None, *, lam: float = 1.0, delta: float = 1e-4,
-                 use_input: bool = True, bias: bool = True):
+    def __init__(self, n_out: int | None = None, *, lam: float = 1.0, delta=1e-4,
+                 use_input: bool = True, bias: bool = True, select_window: int = 100):
         if n_out is not None and (not isinstance(n_out, int) or n_out < 1):
             raise ValueError(f"rls: n_out must be a positive integer; got {n_out!r}")
         if not 0.0 < lam <= 1.0:
             raise ValueError(f"rls: lam (forgetting factor) must be in (0, 1]; got {lam}")
-        if not delta > 0:
+        deltas = tuple(float(d) for d in (delta if isinstance(delta, (tuple, list)) else (delta,)))
+        if not deltas or not all(d > 0 for d in deltas):
             raise ValueError(f"rls: delta must be > 0 (P starts at I / delta); got {delta}")
-        self.n_out, self.lam, self.delta = n_out, float(lam), float(delta)
-        self.use_input, self.bias = bool(use_input), bool(bias)
+        if not isinstance(select_window, int) or select_window < 1:
+            raise ValueError(f"rls: select_window must be an integer >= 1; got {select_window!r}")
+        self.n_out, self.lam, self.deltas = n_out, float(lam), deltas
+        self.use_input, self.bias, self.select_window = bool(use_input), bool(bias), select_window
 
     def describe(self) -> dict:
-        return {"kind": "rls", "n_out": self.n_out, "lam": self.lam, "delta": self.delta,
-                "use_input": self.use_input, "bias": self.bias}
+        return {"kind": "rls", "n_out": self.n_out, "lam": self.lam, "delta": list(self.deltas),
+                "use_input": self.use_input, "bias": self.bias, "select_window": self.select_window}
 
     def n_features(self, n_feat: int, n_in: int) -> int:
         return n_feat + (n_in if self.use_input else 0) + (1 if self.bias else 0)
 
     def init(self, n: int, n_feat: int, n_in: int, n_out: int, dtype) -> dict:
-        m = self.n_features(n_feat, n_in)
-        p0 = jnp.eye(m, dtype=dtype) / jnp.asarray(self.delta, dtype)
-        return {"W": jnp.zeros((n, m, n_out), dtype), "P": jnp.broadcast_to(p0, (n, m, m))}
+        m, k = self.n_features(n_feat, n_in), len(self.deltas)
+        eye = jnp.eye(m, dtype=dtype)
+        p0 = jnp.stack([eye / jnp.asarray(d, dtype) for d in self.deltas])
+        return {"W": jnp.zeros((n, k, m, n_out), dtype), "P": jnp.broadcast_to(p0, (n, k, m, m)),
+                "err": jnp.zeros((n, k), dtype)}
 
     def features(self, h, x):
         """(N, n_feat), (N, n_in) -> (N, m): the readout input r."""
@@ -52,27 +62,37 @@ class RLSReadout:
             parts.append(jnp.ones((h.shape[0], 1), h.dtype))
         return jnp.concatenate(parts, axis=1)
 
+    def _all(self, W, r):
+        return jnp.einsum("nm,nkmo->nko", r.astype(W.dtype), W)
+
     def predict(self, state, r):
-        return jnp.einsum("nm,nmo->no", r, state["W"])
+        """(N, n_out): the prediction of each slot's currently best readout."""
+        ys = self._all(state["W"], r)
+        if len(self.deltas) == 1:
+            return ys[:, 0]
+        best = jnp.argmin(state["err"], axis=1)
+        return jnp.take_along_axis(ys, best[:, None, None], axis=1)[:, 0]
 
     def update(self, state, r, y, ok):
-        """One RLS step per slot where ``ok`` (N,); returns (state, prior error e)."""
+        """One RLS step of every readout per slot where ``ok`` (N,); returns (state, prior errors)."""
         W, P = state["W"], state["P"]
-        e = y.reshape(y.shape[0], -1).astype(W.dtype) - self.predict(state, r)
-        Pr = jnp.einsum("nij,nj->ni", P, r)
-        k = Pr / (self.lam + jnp.sum(r * Pr, axis=1, keepdims=True))
-        W2 = W + k[:, :, None] * e[:, None, :]
-        P2 = (P - k[:, :, None] * Pr[:, None, :]) / self.lam
-        P2 = 0.5 * (P2 + jnp.swapaxes(P2, 1, 2))   # rounding makes P drift from symmetric
-        fine = ok & jnp.isfinite(jnp.sum(W2, axis=(1, 2)) + jnp.sum(P2, axis=(1, 2)))
-        keep = lambda new, old: jnp.where(fine[:, None, None], new, old)
-        return {"W": keep(W2, W), "P": keep(P2, P)}, e
+        r = r.astype(W.dtype)
+        e = y.reshape(y.shape[0], 1, -1).astype(W.dtype) - self._all(W, r)      # (N, k, o)
+        Pr = jnp.einsum("nkij,nj->nki", P, r)
+        k = Pr / (self.lam + jnp.einsum("nj,nkj->nk", r, Pr)[..., None])
+        W2 = W + k[..., :, None] * e[..., None, :]
+        P2 = (P - k[..., :, None] * Pr[..., None, :]) / self.lam
+        P2 = 0.5 * (P2 + jnp.swapaxes(P2, -1, -2))   # rounding makes P drift from symmetric
+        a = 1.0 / self.select_window
+        err2 = (1 - a) * state["err"] + a * jnp.mean(e * e, axis=-1)
+        fine = ok & jnp.isfinite(jnp.sum(W2, axis=(1, 2, 3)) + jnp.sum(P2, axis=(1, 2, 3)))
+        keep = lambda new, old: jnp.where(fine.reshape((-1,) + (1,) * (new.ndim - 1)), new, old)
+        return {"W": keep(W2, W), "P": keep(P2, P), "err": keep(err2, state["err"])}, e
 
 
-def rls(n_out: int | None = None, *, lam: float = 1.0, delta: float = 1e-4, use_input: bool = True,
-        bias: bool = True) -> RLSReadout:
+def rls(n_out: int | None = None, *, lam: float = 1.0, delta=1e-4, use_input: bool = True,
+        bias: bool = True, select_window: int = 100) -> RLSReadout:
     """An RLS readout over the model's output features (see ``RLSReadout``); ``n_out`` defaults
-    to the forecast channels in forecast mode."""
-    return RLSReadout(n_out, lam=lam, delta=delta, use_input=use_input, bias=bias)
-
-
+    to the forecast channels in forecast mode; ``delta`` a value or several to choose from."""
+    return RLSReadout(n_out, lam=lam, delta=delta, use_input=use_input, bias=bias,
+                      select_window=select_window)

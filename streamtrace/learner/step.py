@@ -177,7 +177,7 @@ class StepFunctions:
         if self.readout is None:
             return out, None
         r = self.readout.features(out, z)
-        held = {"W": jax.lax.stop_gradient(state["readout"]["W"])}
+        held = jax.tree_util.tree_map(jax.lax.stop_gradient, state["readout"])
         return self.readout.predict(held, r).reshape((out.shape[0],) + self._pred_shape()), r
 
     def _pred_shape(self):
