@@ -1,56 +1,120 @@
 """Exact RTRL: the full sensitivity M_t = dh_t/dtheta, O(n_h * n_theta) memory.
 
-    M_t = (dh_t/dh_{t-1}) M_{t-1} + dh_t/dtheta      (all paths, nothing cut)
+    M_t = J_h M_{t-1} + J_theta,   J_h = dh_t/dh_{t-1} (n_h x n_h),  J_theta = dh_t/dtheta|_{h_{t-1}}
     dL_t/dtheta = g_t . M_t + (direct path from theta to the output)
 
-For small models only; it is the gold standard the approximations are measured against.
+Both Jacobians come from one linearisation of the step, pulled back along the n_h unit
+cotangents (reverse mode): n_h << n_theta, and the pullback of a weight op is already the
+structured product (x outer the cotangent of its output), so no dense per-parameter tangent
+is ever formed. The per-step cost is one (n_h x n_h) @ (n_h x n_theta) product. M only holds
+the parameters that can reach a hidden state; the others (readouts) would have zero columns.
+
+For small models; it is the gold standard the approximations are measured against.
 """
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from jax.flatten_util import ravel_pytree
+import numpy as np
+from jax.extend.core import Literal
 
 from .algorithm import ETraceVjpAlgorithm
 
-__all__ = ["RTRL"]
+__all__ = ["RTRL", "params_reaching_hidden"]
+
+
+def params_reaching_hidden(graph) -> tuple:
+    """Parameters with a data path to some new hidden value (conservatively: any equation
+    that reads a reached variable reaches all its outputs), in ``graph.param_names`` order."""
+    jaxpr = graph.jaxpr
+    targets = {v for v in graph.hidden_outvars if not isinstance(v, Literal)}
+    out = []
+    for (kind, name), var in zip(graph.in_layout, jaxpr.invars):
+        if kind != "p":
+            continue
+        reached = {var}
+        for eqn in jaxpr.eqns:
+            if any(not isinstance(v, Literal) and v in reached for v in eqn.invars):
+                reached.update(eqn.outvars)
+        if reached & targets:
+            out.append(name)
+    return tuple(n for n in graph.param_names if n in set(out))
 
 
 class RTRL(ETraceVjpAlgorithm):
     name = "rtrl"
 
+    cut_hidden = True  # M_t already holds every path into h_t
+
+    @property
+    def sensitivity_params(self) -> tuple:
+        """The parameters that M holds, in column order."""
+        if "_sens" not in self.__dict__:
+            self._sens = params_reaching_hidden(self.graph)
+        return self._sens
+
     @property
     def traced_params(self):
-        return self.graph.param_names
+        return self.sensitivity_params
 
     def _direct_params(self):
         return self.graph.param_names
 
-    cut_hidden = True  # M_t already holds every path into h_t
+    def _layout(self):
+        """(hidden names, their sizes, sensitivity params, their shapes), in M's row/column order."""
+        if "_lay" not in self.__dict__:
+            h0, p0 = self.graph.init_hidden(), self.graph.init_params()
+            hn = self.graph.hidden_names
+            pn = self.sensitivity_params
+            self._lay = (hn, [int(np.size(h0[n])) for n in hn], pn, [tuple(np.shape(p0[n])) for n in pn])
+        return self._lay
 
     def base_traces(self):
-        h, _ = ravel_pytree(self.graph.init_hidden())
-        p, _ = ravel_pytree(self.graph.init_params())
-        return {"M": jnp.zeros((h.size, p.size), h.dtype)}
+        hn, hs, pn, ps = self._layout()
+        h0 = self.graph.init_hidden()
+        dtype = jnp.result_type(*[h0[n] for n in hn])
+        return {"M": jnp.zeros((sum(hs), sum(int(np.prod(s)) for s in ps)), dtype)}
 
     def learning_signal(self, g, residual):
         return g  # with the new state cut, g already is the partial derivative
 
     def _forward(self, params, hidden, traces, args):
-        flat_h, unravel_h = ravel_pytree(hidden)
-        flat_p, unravel_p = ravel_pytree(params)
+        hn, hs, pn, _ = self._layout()
+        M = traces["M"]
+        n_h = M.shape[0]
+        fixed = {n: v for n, v in params.items() if n not in pn}
 
-        def T(fh, fp):
-            out, new_h = self.graph.run(unravel_p(fp), unravel_h(fh), args)
-            return ravel_pytree(new_h)[0], (out, new_h)
+        def T(h, p):
+            out, new_h = self.graph.run({**fixed, **p}, h, args)
+            return _rows(new_h, hn, M.dtype), (out, new_h)
 
-        (J_h, J_p), (out, new_h) = jax.jacfwd(T, argnums=(0, 1), has_aux=True)(flat_h, flat_p)
-        M = J_h @ traces["M"] + J_p
+        _, pullback, (out, new_h) = jax.vjp(T, hidden, {n: params[n] for n in pn}, has_aux=True)
+        # row k of both Jacobians: the pullback of the k-th unit cotangent of the new state
+        dh, dp = jax.vmap(pullback)(jnp.eye(n_h, dtype=M.dtype))
+        J_h = _cols(dh, hn, n_h, M.dtype)
+        J_p = _cols(dp, pn, n_h, M.dtype)
+        if M.shape[1]:
+            M = jnp.dot(J_h, M) + J_p
         return out, new_h, self.signal.forward({**traces, "M": M}), None
 
     def weight_grads(self, traces, g):
+        hn, _, pn, ps = self._layout()
         per_hidden = {m: gg[..., s] for grp, gg in zip(self.graph.groups, g)
                       for s, m in enumerate(grp.members)}
-        flat_g, _ = ravel_pytree(per_hidden)
-        _, unravel_p = ravel_pytree(self.graph.init_params())
-        return unravel_p(flat_g @ traces["M"])
+        M = traces["M"]
+        flat = jnp.dot(_rows(per_hidden, hn, M.dtype), M)
+        out, start = {}, 0
+        for n, shape in zip(pn, ps):
+            size = int(np.prod(shape))
+            out[n] = flat[start:start + size].reshape(shape)
+            start += size
+        return out
+
+
+def _rows(tree, names, dtype):
+    return jnp.concatenate([jnp.ravel(tree[n]).astype(dtype) for n in names])
+
+
+def _cols(tree, names, n_rows, dtype):
+    parts = [tree[n].reshape(n_rows, -1).astype(dtype) for n in names]
+    return jnp.concatenate(parts, axis=1) if parts else jnp.zeros((n_rows, 0), dtype)
