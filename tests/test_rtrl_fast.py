@@ -90,7 +90,7 @@ def test_sensitivity_holds_only_parameters_that_reach_the_state():
     reach = params_reaching_hidden(algo.graph)
     assert set(reach) == {n for n in algo.graph.param_names if n.startswith("cell.")}
     n_p = sum(int(np.size(algo.graph.init_params()[n])) for n in reach)
-    assert algo.init_traces()["M"].shape == (4, n_p)
+    assert algo.init_traces()["sensitivity"].shape == (n_p, 4)
 
 
 def _learner_run(model, mode, slots, xs, ys):
