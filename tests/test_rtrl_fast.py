@@ -89,8 +89,9 @@ def test_sensitivity_holds_only_parameters_that_reach_the_state():
     algo = st.RTRL(model, jnp.zeros(2))
     reach = params_reaching_hidden(algo.graph)
     assert set(reach) == {n for n in algo.graph.param_names if n.startswith("cell.")}
-    n_p = sum(int(np.size(algo.graph.init_params()[n])) for n in reach)
-    assert algo.init_traces()["sensitivity"].shape == (n_p, 4)
+    p0 = algo.graph.init_params()
+    assert {n: v.shape for n, v in algo.init_traces().items()} == \
+        {f"sensitivity.{n}": (int(np.size(p0[n])), 4) for n in reach}
 
 
 def _learner_run(model, mode, slots, xs, ys):
