@@ -25,21 +25,31 @@ TOL = 1e-9
 LR = 0.05
 
 
+def bptt_oracle(step, loss):
+    """BPTT: (thetas, h0, xs, ys) -> for every t, d loss_t / d delta at delta = 0 where step
+    t's loss runs through steps 0..t, each step s with weights thetas[s] + delta."""
+    def grads(thetas, h0, xs, ys):
+        def losses(delta):
+            def body(h, inp):
+                th, x, y = inp
+                out, h = step({n: th[n] + delta[n] for n in th}, h, x)
+                return h, loss(out, y)
+            return jax.lax.scan(body, h0, (thetas, xs, ys))[1]
+        return jax.jacrev(losses)({n: jnp.zeros_like(v[0]) for n, v in thetas.items()})
+    return grads
+
+
 def unrolled_grads(step, thetas, h0, xs, ys, loss):
-    """BPTT oracle: step t's loss through steps 0..t, each step s run with weights
-    thetas[s] + delta; returns d loss_t / d delta at delta = 0 for every t, {name: (T, ...)}."""
-    def losses(delta):
-        def body(h, inp):
-            th, x, y = inp
-            out, h = step({n: th[n] + delta[n] for n in th}, h, x)
-            return h, loss(out, y)
-        return jax.lax.scan(body, h0, (thetas, xs, ys))[1]
-    zero = {n: jnp.zeros_like(v[0]) for n, v in thetas.items()}
-    return jax.jit(jax.jacrev(losses))(zero)
+    """{name: (T, ...)}: the BPTT gradient of every step's loss."""
+    return jax.jit(bptt_oracle(step, loss))(thetas, h0, xs, ys)
 
 
 def sum_sq(out, y):
     return jnp.sum((out - y) ** 2)
+
+
+def mse(out, y):
+    return jnp.mean((out - y) ** 2)
 
 
 def slot_mean_mse(out, y):
@@ -94,11 +104,11 @@ def test_sensitivity_holds_only_parameters_that_reach_the_state():
         {f"sensitivity.{n}": (int(np.size(p0[n])), 4) for n in reach}
 
 
-def _learner_run(model, mode, slots, xs, ys):
+def _learner_run(model, mode, slots, xs, ys, shared_weights=True):
     """Steps of a float64 SGD learner; per step the weights it started from and the
     gradient it applied."""
     learner = st.OnlineLearner(model, np.zeros(xs.shape[-1]), algorithm="rtrl", mode=mode, slots=slots,
-                               optimizer=optax.sgd(LR))
+                               optimizer=optax.sgd(LR), shared_weights=shared_weights)
     thetas, grads = [], []
     for t in range(len(xs)):
         before = learner.params
@@ -132,6 +142,25 @@ def test_learner_rtrl_with_slots_equals_bptt_of_the_weights_it_used(x64, kind):
     slots_step = jax.vmap(lambda p, h, x: f(p, h, x), in_axes=(None, 0, 0))
     oracle = unrolled_grads(slots_step, _stack(thetas), h0, jnp.asarray(xs), jnp.asarray(ys), slot_mean_mse)
     check_every_step(grads, oracle, thetas[0], range(T))
+
+
+def test_learner_rtrl_with_per_slot_weights_equals_bptt_per_slot(x64):
+    """Each slot its own model: slot n's gradient is BPTT of its own loss through its own
+    weight history (one oracle per slot, vmapped)."""
+    N = 2
+    rng = np.random.default_rng(5)
+    xs = 1.5 * rng.standard_normal((T, N, 2))
+    ys = np.cos(np.cumsum(xs, axis=0))
+    model = LEARNER_MODELS["gru"]()
+    learner, thetas, grads = _learner_run(model, "supervised", N, xs, ys, shared_weights=False)
+    assert learner.stats()["updates"] == N * T
+    f = ModelFunction(model)
+    h0 = jax.tree_util.tree_map(lambda v: jnp.broadcast_to(v, (N,) + v.shape), f.hidden_values())
+    oracle = jax.jit(jax.vmap(bptt_oracle(f, mse), in_axes=(1, 0, 1, 1)))(
+        _stack(thetas), h0, jnp.asarray(xs), jnp.asarray(ys))
+    for n in range(N):
+        check_every_step([{k: v[n] for k, v in g.items()} for g in grads],
+                         {k: v[n] for k, v in oracle.items()}, thetas[0], range(T))
 
 
 @pytest.mark.parametrize("kind", list(LEARNER_MODELS))
