@@ -6,7 +6,7 @@ prediction is recorded before the learner can learn from ``targets[t]``. Forecas
 reaches it one call later; supervised tasks hand over ``targets[t]`` in the same call, and the
 learner must predict with its pre-update weights (``OnlineLearner`` does).
 
-Scores are over the last ``window`` steps: NRMSE = RMSE / std(target) per channel, averaged
+Scores are over the last ``window`` steps (half the stream when it is not longer than that): NRMSE = RMSE / std(target) per channel, averaged
 over channels; MAE in the target's units; us/step = wall time of the step calls / steps (the
 first call, which compiles, is left out); persistence (predict the last target) on the same
 window for scale.
@@ -80,7 +80,7 @@ def persistence(task: Task) -> np.ndarray:
 def _effective_window(window: int, steps: int) -> int:
     if window < 1:
         raise ValueError(f"window must be >= 1; got {window}")
-    return min(window, max(steps // 2, 1))   # a short series: score its second half
+    return window if window < steps else max(steps // 2, 1)   # a series too short: its second half
 
 
 def prequential(step_fn: StepFn, inputs, targets, *, window: int = 1000, name: str = "", mode: str = "forecast",
@@ -226,3 +226,22 @@ class Progress:
         if now - self.last >= self.every_s or done == total:
             self.last = now
             print(f"  {self.label}: step {done}/{total}", file=self.stream, flush=True)
+
+
+def run_cli(args) -> int:
+    """``streamtrace evaluate``: the table, then one JSON line (the last line of stdout)."""
+    from .engine.config import ConfigError
+    from .tasks import TaskError
+    try:
+        task = get_task(args.task, args.steps, args.seed)
+        r = evaluate(task, args.config, window=args.window, seed=args.seed,
+                     label="" if args.config else "default", progress=Progress(task.name))
+    except (TaskError, ConfigError, ValueError) as e:
+        print(f"evaluate: {e}", file=sys.stderr)
+        return 2
+    if args.plot:
+        plot(r, args.plot)
+        print(f"wrote {args.plot}", file=sys.stderr)
+    print(format_table([r]))
+    print(summary_json(r), flush=True)
+    return 0
