@@ -41,28 +41,29 @@ def river_snarimax(p=4, d=1, q=0, m=1, sp=0, sd=0, sq=0, lr=0.01):
     return step
 
 
-def river_lagged(lags=10, kind="linear", lr=0.01, supervised=False):
-    """A river regressor on lagged values: forecast tasks use the last ``lags`` inputs;
-    supervised tasks the last ``lags`` inputs and the last ``lags`` targets (known by then).
-    kind: "linear" (StandardScaler | LinearRegression, SGD lr), "bayes"
-    (StandardScaler | BayesianLinearRegression) or "poly-bayes" (+ degree-2 PolynomialExtender)."""
+def river_lagged(lags=10, kind="linear", lr=0.01, past_targets=False):
+    """A river regressor on the last ``lags`` inputs (and, with ``past_targets``, the last
+    ``lags`` targets, already revealed in a prequential stream: a supervised-task option the
+    other learners here do not get), standardised features and target (river's StandardScaler
+    and TargetStandardScaler). kind: "linear" (LinearRegression, SGD lr), "bayes"
+    (BayesianLinearRegression) or "poly-bayes" (degree-2 PolynomialExtender first)."""
     from river import feature_extraction, linear_model, optim, preprocessing
     if kind == "linear":
         head = linear_model.LinearRegression(optimizer=optim.SGD(lr), intercept_lr=lr)
     elif kind == "bayes":
         head = linear_model.BayesianLinearRegression()
     elif kind == "poly-bayes":
-        head = feature_extraction.PolynomialExtender(degree=2, include_bias=False) | \
+        head = feature_extraction.PolynomialExtender(degree=2, include_bias=True) | \
             linear_model.BayesianLinearRegression()
     else:
         raise ValueError(f"kind {kind!r}")
-    model = preprocessing.StandardScaler() | head
+    model = preprocessing.TargetStandardScaler(preprocessing.StandardScaler() | head)
     xs, ys = deque([0.0] * lags, maxlen=lags), deque([0.0] * lags, maxlen=lags)
 
     def step(x, y):
         xs.append(float(np.asarray(x).reshape(-1)[0]))
         feats = {f"x{i}": v for i, v in enumerate(xs)}
-        if supervised:
+        if past_targets:
             feats.update({f"y{i}": v for i, v in enumerate(ys)})
         pred = model.predict_one(feats)
         target = float(np.asarray(y).reshape(-1)[0])

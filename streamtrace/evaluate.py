@@ -42,6 +42,7 @@ class Result:
     us_per_step: float
     persistence_nrmse: float
     label: str = ""
+    us_median_step: float = float("nan")   # robust to a busy machine's stalls
     predictions: np.ndarray = field(default=None, repr=False)
     targets: np.ndarray = field(default=None, repr=False)
 
@@ -97,21 +98,20 @@ def prequential(step_fn: StepFn, inputs, targets, *, window: int = 1000, name: s
     w = _effective_window(window, steps)
     preds = np.empty(targets.shape, np.float64)
     clock = time.perf_counter
-    spent = 0.0
+    times = np.empty(steps)
     for t in range(steps):
         x, y = inputs[t], targets[t]
         t0 = clock()
         p = step_fn(x, y)
-        dt = clock() - t0
-        if t:                       # the first call compiles / allocates: not a step's cost
-            spent += dt
+        times[t] = clock() - t0
         preds[t] = np.reshape(p, targets.shape[1:])
         if progress is not None:
             progress(t + 1, steps)
     task = Task(name, mode, inputs, targets)
+    run_times = times[1:]           # the first call compiles / allocates: not a step's cost
     return Result(name, steps, w, nrmse(preds, targets, w), mae(preds, targets, w),
-                  spent / (steps - 1) * 1e6, nrmse(persistence(task), targets, w),
-                  predictions=preds, targets=targets)
+                  float(run_times.mean() * 1e6), nrmse(persistence(task), targets, w),
+                  us_median_step=float(np.median(run_times) * 1e6), predictions=preds, targets=targets)
 
 
 # ---- streamtrace learners -----------------------------------------------------------------
