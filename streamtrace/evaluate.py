@@ -84,13 +84,17 @@ def _effective_window(window: int, steps: int) -> int:
     return window if window < steps else max(steps // 2, 1)   # a series too short: its second half
 
 
-def prequential(step_fn: StepFn, inputs, targets, *, window: int = 1000, name: str = "", mode: str = "forecast",
-                progress: Callable[[int, int], None] | None = None) -> Result:
-    """Run ``step_fn(x_t, y_t) -> prediction of y_t`` over the stream and score it.
+def prequential(step_fn: StepFn, inputs, targets=None, *, window: int = 1000, name: str = "",
+                mode: str = "forecast", progress: Callable[[int, int], None] | None = None) -> Result:
+    """Run ``step_fn(x_t, y_t) -> prediction of y_t`` over the stream and score it. Without
+    ``targets``, ``inputs`` is one series forecast one step ahead.
 
     The contract for ``step_fn``: return the prediction made *before* learning from ``y_t``
     (a forecaster ignores ``y_t``: it arrives as the next input). Any learner fits, e.g. a
     reservoirpy or river model wrapped as predict-then-learn."""
+    if targets is None:
+        series = np.asarray(inputs)
+        inputs, targets, mode = series[:-1], series[1:], "forecast"
     inputs, targets = np.asarray(inputs), np.asarray(targets)
     if len(inputs) != len(targets) or len(inputs) < 2:
         raise ValueError(f"need as many inputs as targets, at least 2; got {len(inputs)} and {len(targets)}")

@@ -37,7 +37,7 @@ def test_persistence_of_a_known_forecast_series():
     series = np.arange(10.0) ** 2                 # x_{t+1} - x_t = 2t + 1
     task = Task.forecast("squares", series)
     np.testing.assert_array_equal(ev.persistence(task)[:, 0], series[:-1])
-    r = ev.prequential(lambda x, y: x, task.inputs, task.targets, window=4)  # a persistence learner
+    r = ev.prequential(lambda x, y: x, series, window=4)        # a persistence learner on the series
     err = 2 * np.arange(5, 9) + 1                 # the last 4 targets are x_6..x_9, errors 11, 13, 15, 17
     want = math.sqrt(np.mean(err ** 2)) / np.std(series[6:10])
     assert r.nrmse == pytest.approx(want, rel=1e-12)
