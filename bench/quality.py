@@ -21,7 +21,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from quality_peers import jax_esn_rls, reservoirpy_esn, river_lagged, river_snarimax  # noqa: E402
+from quality_peers import (jax_esn_rls, jax_esn_rls_step_us, reservoirpy_esn, river_lagged,  # noqa: E402
+                           river_snarimax)
 
 from streamtrace.evaluate import default_config, evaluate, prequential  # noqa: E402
 from streamtrace.tasks import Task, TaskError, get_task  # noqa: E402
@@ -234,10 +235,17 @@ def main(argv=None):
     log = lambda s: print(s, file=sys.stderr, flush=True)   # noqa: E731
     t0 = time.time()
     rows = run(a.tasks, seeds, steps, window, a.quick, set(a.only) if a.only else None, log)
+    floor = ""
+    if a.only is None or "jax" in a.only:
+        med, p10 = jax_esn_rls_step_us(500, calls=500 if a.quick else 3000)
+        floor = (f" A jitted ESN-500 + RLS step alone, tight loop: median {med:.0f} us, "
+                 f"10th percentile {p10:.0f} us per step.")
+        log(floor.strip())
     header = (f"Prequential one-step-ahead quality: NRMSE = RMSE / std(target) over the last {window} of "
               f"{steps} steps (a shorter series: its second half), median of {len(seeds)} seed(s); us/step is "
               f"the wall time of the predict+learn calls. Machine: {machine()}; "
-              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; run took {time.time() - t0:.0f} s.")
+              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; run took {time.time() - t0:.0f} s; "
+              f"load average at the end {os.getloadavg()[0]:.1f}.{floor}")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = "quality-quick" if a.quick else "quality"
