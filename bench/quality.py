@@ -248,7 +248,8 @@ def main(argv=None):
               f"load average at the end {os.getloadavg()[0]:.1f}.{floor}")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = "quality-quick" if a.quick else "quality"
+    stem = "quality" + ("-quick" if a.quick else "") + ("-" + "-".join(a.only) if a.only else "") + \
+        ("" if a.tasks == TASKS else "-" + "-".join(Path(t).stem for t in a.tasks))   # a partial run: its own file
     (out / f"{stem}.md").write_text(markdown(rows, header))
     (out / f"{stem}.json").write_text(json.dumps({"header": header, "rows": rows}, indent=1, default=str))
     print(markdown(rows, header))

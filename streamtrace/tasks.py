@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["Task", "mackey_glass", "narma10", "lorenz", "co2", "sunspots", "load_file", "get_task",
+__all__ = ["Task", "mackey_glass", "narma10", "lorenz", "co2", "sunspots", "load_file", "forward_fill", "get_task",
            "TASKS", "TaskError"]
 
 
