@@ -129,3 +129,24 @@ def test_cli_file_with_config_and_errors(tmp_path, capsys):
     assert result["task"] == "s.csv" and result["steps"] == 199 and math.isfinite(result["nrmse"])
     assert main(["evaluate", "nope"]) == 2
     assert "unknown task 'nope'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("peer", ["reservoirpy", "river-snarimax", "river-lagged", "jax"])
+def test_benchmark_peers_predict_before_learning(peer):
+    """The quality benchmark's wrappers score the prediction made before the learner sees the
+    target (reservoirpy's RLS.partial_fit returns the one after)."""
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
+    import quality_peers as qp
+    if peer == "reservoirpy":
+        pytest.importorskip("reservoirpy")
+        make = lambda: qp.reservoirpy_esn(units=30, seed=0)                          # noqa: E731
+    elif peer.startswith("river"):
+        pytest.importorskip("river")
+        make = (lambda: qp.river_snarimax(p=3)) if peer == "river-snarimax" else \
+            (lambda: qp.river_lagged(lags=4, kind="bayes"))
+    else:
+        make = lambda: qp.jax_esn_rls(units=30, delta=1e-2)                          # noqa: E731
+    task = Task.forecast("sine", np.sin(0.3 * np.arange(60.0)))
+    run = lambda t: ev.prequential(make(), t.inputs, t.targets)                      # noqa: E731
+    assert _first_difference(run, task, 30) == 31
