@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTHON ?= python3
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench quality clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,10 @@ test: $(VENV)/.installed
 bench: $(VENV)/.installed
 	$(PY) -m pip install --quiet -e '.[test,bench]'
 	$(PY) -m pytest -q bench -p no:cacheprovider --pin-cpu 0
+
+quality: $(VENV)/.installed
+	$(PY) -m pip install --quiet -e '.[test,quality]'
+	$(PY) bench/quality.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

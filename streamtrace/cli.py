@@ -1,4 +1,4 @@
-"""Command line: ``streamtrace serve | demo | bench | learn``.
+"""Command line: ``streamtrace serve | demo | bench | learn | evaluate``.
 
 serve   run the streaming engine (TOML config; every key has a default that just works)
 demo    start an engine and several synthetic sensor streams on loopback, show live progress,
@@ -6,6 +6,7 @@ demo    start an engine and several synthetic sensor streams on loopback, show l
 bench   end-to-end latency: sensor -> engine -> prediction round trips, with a bare ZeroMQ +
         msgpack echo server (the transport floor) measured in the same run
 learn   the engine-free online learning demo (one process, loss printed as it falls)
+evaluate  prequential one-step-ahead quality of a config on a task or a CSV/NPY file
 """
 from __future__ import annotations
 
@@ -267,6 +268,11 @@ def cmd_learn(args) -> int:
     return 0
 
 
+def cmd_evaluate(args) -> int:
+    from .evaluate import run_cli
+    return run_cli(args)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="streamtrace", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -293,6 +299,15 @@ def main(argv=None) -> int:
     p.add_argument("--port", type=int, default=47100)
     p.add_argument("--out", default="", help="write the markdown table here")
     p.set_defaults(func=cmd_bench)
+    p = sub.add_parser("evaluate", help="prequential one-step-ahead quality of a config on a task or file")
+    p.add_argument("task", nargs="?", default="mackey-glass",
+                   help="mackey-glass, narma10, lorenz, co2, sunspots, or a .csv/.npy file")
+    p.add_argument("--config", default=None, help="TOML config as serve takes (default: the forecast default)")
+    p.add_argument("--steps", type=int, default=6000)
+    p.add_argument("--window", type=int, default=1000, help="score the last W steps")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--plot", default="", help="write a PNG of predictions and error")
+    p.set_defaults(func=cmd_evaluate)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

@@ -1,0 +1,260 @@
+"""Learning-quality benchmark (`make quality`): the prequential protocol of ``streamtrace evaluate``
+(predict first, score, then learn; one step ahead; NRMSE = RMSE / std(target) over the last
+1,000 of 6,000 steps) for streamtrace configs and, side by side in the same run, reservoirpy's
+ESN + online RLS readout, river (SNARIMAX, lagged regressions), a plain jitted ESN + RLS step in
+jax (the cost floor) and persistence. Median of 3 seeds; a peer's grid reports its best entry
+(chosen on the scored window itself: generous to the peer). Writes bench/results/quality.md
+and quality.json.
+
+    python bench/quality.py [--quick] [--tasks mackey-glass narma10] [--only streamtrace]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+from quality_peers import (jax_esn_rls, jax_esn_rls_step_us, reservoirpy_esn, river_lagged,  # noqa: E402
+                           river_snarimax)
+
+from streamtrace.evaluate import default_config, evaluate, prequential  # noqa: E402
+from streamtrace.tasks import Task, TaskError, get_task  # noqa: E402
+
+# ---- streamtrace configs: TOML-equivalent dicts; model.n_in / n_out / learning.mode come from the
+# task. Add new configs here (any key `serve` accepts); None = evaluate.default_config(task).
+CONFIGS = {
+    "default": None,
+    "gru-32 d-rtrl": {"model": {"stack": "gru", "n_hidden": 32},
+                      "learning": {"algorithm": "d-rtrl", "lr": 1e-3}},
+    "gru-64 d-rtrl": {"model": {"stack": "gru", "n_hidden": 64},
+                      "learning": {"algorithm": "d-rtrl", "lr": 1e-3}},
+}
+
+TASKS = ["mackey-glass", "narma10", "co2", "sunspots"]
+REAL = {"co2", "sunspots"}        # measured series in raw units: peers get causal standardisation
+SEEDS = [0, 1, 2]
+
+
+# ---- peers and their grids ---------------------------------------------------------------------
+def esn_grid(task: str, quick: bool):
+    units = 400 if task == "narma10" else 500 if task == "mackey-glass" else 200
+    grid = [dict(units=units, lr=1.0, sr=0.9, input_scaling=1.0),
+            dict(units=units, lr=1.0, sr=1.25, input_scaling=1.0),
+            dict(units=units, lr=0.5, sr=0.9, input_scaling=1.0),
+            dict(units=units, lr=1.0, sr=0.9, input_scaling=0.3)]
+    if task in REAL:
+        grid += [dict(units=units, lr=1.0, sr=0.9, input_scaling=1.0, forgetting=0.999)]
+    return grid[:1] if quick else grid
+
+
+def river_grid(task: str, quick: bool):
+    grid = []
+    if task != "narma10":   # SNARIMAX forecasts a single series
+        season = {"co2": 52, "sunspots": 11}.get(task)
+        for p, d, q in [(4, 1, 0), (8, 1, 0), (16, 1, 0), (8, 0, 0), (8, 1, 2)]:
+            grid.append(("snarimax", dict(p=p, d=d, q=q)))
+        if season:
+            grid.append(("snarimax", dict(p=4, d=1, q=0, m=season, sp=1, sd=1)))
+    for lags in (5, 10, 20):
+        grid.append(("lagged", dict(lags=lags, kind="linear", lr=0.01)))
+        grid.append(("lagged", dict(lags=lags, kind="bayes")))
+    grid.append(("lagged", dict(lags=10, kind="poly-bayes")))
+    return grid[:1] + grid[-1:] if quick else grid
+
+
+def _causal_standardise(make_step):
+    """Wrap a single-channel forecaster: inputs and targets scaled by the running mean / std
+    of the inputs seen so far (Welford), predictions scaled back."""
+    step = make_step()
+    state = {"n": 0, "mean": 0.0, "m2": 0.0}
+
+    def fn(x, y):
+        v = float(np.asarray(x).reshape(-1)[0])
+        state["n"] += 1
+        d = v - state["mean"]
+        state["mean"] += d / state["n"]
+        state["m2"] += d * (v - state["mean"])
+        sd = np.sqrt(state["m2"] / state["n"]) if state["n"] > 1 else 1.0
+        sd = sd if sd > 0 else 1.0
+        mu = state["mean"]
+        pred = step(np.array([(v - mu) / sd]), (np.asarray(y, np.float64) - mu) / sd)
+        return np.asarray(pred) * sd + mu
+    return fn
+
+
+def peer_runs(task_name: str, quick: bool, only: set[str] | None):
+    """(learner, params, factory(seed) -> step fn) for every peer entry."""
+    def want(kind):
+        return only is None or kind in only
+    runs = []
+    real = task_name in REAL
+    if want("reservoirpy"):
+        for g in esn_grid(task_name, quick):
+            def make(seed, g=g):
+                mk = lambda: reservoirpy_esn(seed=seed, **g)   # noqa: E731
+                return _causal_standardise(mk) if real else mk()
+            runs.append((f"reservoirpy ESN-{g['units']} + RLS", g, make))
+    if want("river"):
+        for kind, g in river_grid(task_name, quick):
+            def make(seed, kind=kind, g=g):
+                mk = (lambda: river_snarimax(**g)) if kind == "snarimax" else (lambda: river_lagged(**g))
+                return mk()        # river_lagged standardises inputs and target itself
+            runs.append(("river SNARIMAX" if kind == "snarimax" else f"river lagged {g['kind']}", g, make))
+        if task_name == "narma10" and not quick:
+            g = dict(lags=10, kind="poly-bayes", past_targets=True)
+            runs.append(("river poly+Bayes, inputs + past targets", g, lambda seed, g=g: river_lagged(**g)))
+    if want("jax"):
+        units = esn_grid(task_name, True)[0]["units"]      # the size reservoirpy gets
+        g = dict(units=units, lr=1.0, sr=0.9, input_scaling=1.0, delta=1e-4)   # 1e-6 diverges in float32
+
+        def make(seed, g=g):
+            mk = lambda: jax_esn_rls(seed=seed, **g)   # noqa: E731
+            return _causal_standardise(mk) if real else mk()
+        runs.append((f"jax ESN-{units} + RLS (plain jit, floor)", g, make))
+    return runs
+
+
+# ---- the run ----------------------------------------------------------------------------------
+def _median_row(task, learner, params, results):
+    nr = [r.nrmse for r in results]
+    return {"task": task, "learner": learner, "params": params,
+            "nrmse": float(np.median(nr)), "nrmse_seeds": nr,
+            "mae": float(np.median([r.mae for r in results])),
+            "us_per_step": float(np.median([r.us_per_step for r in results])),
+            "us_median_step": float(np.median([r.us_median_step for r in results])),
+            "persistence_nrmse": float(np.median([r.persistence_nrmse for r in results])),
+            "steps": results[0].steps, "window": results[0].window}
+
+
+def run(tasks, seeds, steps, window, quick, only, log):
+    rows = []
+    for name in tasks:
+        try:
+            streams = {s: get_task(name, steps, s) for s in seeds}
+        except TaskError as e:
+            log(f"{name}: skipped ({e})")
+            continue
+        t0 = streams[seeds[0]]
+        log(f"{name}: {t0.steps} steps, {t0.mode}, {t0.n_in} channel(s)")
+        per = [prequential(_persistence_fn(t), t.inputs, t.targets, window=window, name=name, mode=t.mode)
+               for t in streams.values()]
+        rows.append(_median_row(name, "persistence", {}, per))
+        if only is None or "streamtrace" in only:
+            for label, cfg in CONFIGS.items():
+                res = []
+                for s, t in streams.items():
+                    res.append(evaluate(t, cfg, window=window, seed=s, label=label))
+                shown = cfg if cfg is not None else default_config(t0)
+                rows.append(_median_row(name, f"streamtrace {label}", shown, res))
+                log(f"  streamtrace {label}: nrmse {rows[-1]['nrmse']:.5g} ({rows[-1]['us_per_step']:.0f} us/step)")
+        best = {}
+        for learner, params, make in peer_runs(name, quick, only):
+            try:
+                res = [prequential(make(s), t.inputs, t.targets, window=window, name=name, mode=t.mode)
+                       for s, t in streams.items()]
+            except ImportError as e:
+                log(f"  {learner}: not installed ({e.name}); pip install 'streamtrace[quality]'")
+                break
+            row = _median_row(name, learner, params, res)
+            log(f"  {learner} {params}: nrmse {row['nrmse']:.5g} ({row['us_per_step']:.0f} us/step)")
+            family = learner               # the best of each kind of learner is shown
+            row["tried"] = best.get(family, {}).get("tried", 0) + 1
+            if family not in best or row["nrmse"] < best[family]["nrmse"]:
+                best[family] = row
+            else:
+                best[family]["tried"] = row["tried"]
+        rows += list(best.values())
+    return rows
+
+
+def _persistence_fn(task: Task):
+    last = {"y": task.inputs[0] if task.mode == "forecast" else np.zeros(task.n_out)}
+
+    def fn(x, y):
+        pred = np.asarray(x) if task.mode == "forecast" else last["y"]
+        last["y"] = np.asarray(y)
+        return pred
+    return fn
+
+
+def machine() -> str:
+    cpu = "unknown CPU"
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import jax
+    return f"{cpu}, {os.cpu_count()} CPUs, Python {platform.python_version()}, jax {jax.__version__}"
+
+
+def markdown(rows, header: str) -> str:
+    out = [header, "", "| task | learner | NRMSE (median) | NRMSE per seed | MAE | us/step (mean) | us/step (median) | settings |",
+           "|---|---|---|---|---|---|---|---|"]
+    for task in dict.fromkeys(r["task"] for r in rows):
+        for r in sorted((r for r in rows if r["task"] == task), key=lambda r: r["nrmse"]):
+            seeds = ", ".join(f"{v:.4g}" for v in r["nrmse_seeds"])
+            tried = f" (best of {r['tried']})" if r.get("tried", 1) > 1 else ""
+            settings = ", ".join(f"{k}={v}" for k, v in _flat(r["params"]).items()) + tried
+            out.append(f"| {task} ({r['steps']} steps, last {r['window']}) | {r['learner']} | {r['nrmse']:.4g} | "
+                       f"{seeds} | {r['mae']:.4g} | {r['us_per_step']:.0f} | {r['us_median_step']:.0f} | {settings} |")
+    return "\n".join(out) + "\n"
+
+
+def _flat(d, prefix=""):
+    out = {}
+    for k, v in (d or {}).items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{k}."))
+        elif k not in ("n_in", "n_out", "mode"):
+            out[prefix + k] = v
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="1,500 steps, one seed, the first entry of each grid")
+    ap.add_argument("--tasks", nargs="+", default=TASKS)
+    ap.add_argument("--only", nargs="+", default=None, choices=["streamtrace", "reservoirpy", "river", "jax"])
+    ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--window", type=int, default=None)
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    a = ap.parse_args(argv)
+    steps = a.steps or (1500 if a.quick else 6000)
+    window = a.window or (500 if a.quick else 1000)
+    seeds = SEEDS[:1] if a.quick else SEEDS
+    log = lambda s: print(s, file=sys.stderr, flush=True)   # noqa: E731
+    t0 = time.time()
+    rows = run(a.tasks, seeds, steps, window, a.quick, set(a.only) if a.only else None, log)
+    floor = ""
+    if a.only is None or "jax" in a.only:
+        med, p10 = jax_esn_rls_step_us(500, calls=500 if a.quick else 3000)
+        floor = (f" A jitted ESN-500 + RLS step alone, tight loop: median {med:.0f} us, "
+                 f"10th percentile {p10:.0f} us per step.")
+        log(floor.strip())
+    header = (f"Prequential one-step-ahead quality: NRMSE = RMSE / std(target) over the last {window} of "
+              f"{steps} steps (a shorter series: its second half), median of {len(seeds)} seed(s); us/step is "
+              f"the wall time of the predict+learn calls. Machine: {machine()}; "
+              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; run took {time.time() - t0:.0f} s; "
+              f"load average at the end {os.getloadavg()[0]:.1f}.{floor}")
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = "quality" + ("-quick" if a.quick else "") + ("-" + "-".join(a.only) if a.only else "") + \
+        ("" if a.tasks == TASKS else "-" + "-".join(Path(t).stem for t in a.tasks))   # a partial run: its own file
+    (out / f"{stem}.md").write_text(markdown(rows, header))
+    (out / f"{stem}.json").write_text(json.dumps({"header": header, "rows": rows}, indent=1, default=str))
+    print(markdown(rows, header))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

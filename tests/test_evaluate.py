@@ -1,0 +1,152 @@
+"""The prequential loop: scores computed by hand, persistence, and no look at a target before its
+prediction is recorded (a peeking learner is caught)."""
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from streamtrace import evaluate as ev
+from streamtrace.engine.config import ConfigError
+from streamtrace.tasks import Task
+
+SMALL = {"model": {"stack": "rnn", "n_hidden": 8}, "learning": {"algorithm": "d-rtrl", "lr": 1e-2}}
+
+
+def test_nrmse_and_mae_by_hand():
+    # targets 9, 1, 2, 3, 4; predictions always 0; window = last 4 steps -> targets 1..4
+    targets = np.array([[9.0], [1.0], [2.0], [3.0], [4.0]])
+    r = ev.prequential(lambda x, y: np.zeros(1), np.zeros((5, 1)), targets, window=4, mode="supervised")
+    # RMSE = sqrt((1 + 4 + 9 + 16) / 4) = sqrt(7.5); std(1..4) = sqrt(1.25)  -> sqrt(6)
+    assert r.window == 4 and r.steps == 5
+    assert r.nrmse == pytest.approx(math.sqrt(6.0), rel=1e-12)
+    assert r.mae == pytest.approx(2.5, rel=1e-12)
+    # persistence predicts the last target: errors 8, 1, 1, 1 on the window -> sqrt(67/4) / sqrt(1.25)
+    assert r.persistence_nrmse == pytest.approx(math.sqrt(67 / 4) / math.sqrt(1.25), rel=1e-12)
+
+
+def test_nrmse_averages_channels():
+    y = np.array([[0.0, 0.0], [2.0, 10.0], [0.0, 0.0], [2.0, 10.0]])      # stds 1 and 5
+    p = y + np.array([1.0, 0.0])                                            # channel 0 off by 1
+    assert ev.nrmse(p, y) == pytest.approx((1.0 / 1.0 + 0.0 / 5.0) / 2)
+
+
+def test_persistence_of_a_known_forecast_series():
+    series = np.arange(10.0) ** 2                 # x_{t+1} - x_t = 2t + 1
+    task = Task.forecast("squares", series)
+    np.testing.assert_array_equal(ev.persistence(task)[:, 0], series[:-1])
+    r = ev.prequential(lambda x, y: x, series, window=4)        # a persistence learner on the series
+    err = 2 * np.arange(5, 9) + 1                 # the last 4 targets are x_6..x_9, errors 11, 13, 15, 17
+    want = math.sqrt(np.mean(err ** 2)) / np.std(series[6:10])
+    assert r.nrmse == pytest.approx(want, rel=1e-12)
+    assert r.persistence_nrmse == pytest.approx(want, rel=1e-12)
+
+
+def test_window_clamped_on_short_series_and_refused_when_empty():
+    r = ev.prequential(lambda x, y: x, np.arange(20.0)[:, None], np.arange(1.0, 21.0)[:, None], window=1000)
+    assert r.window == 10
+    with pytest.raises(ValueError, match="window"):
+        ev.prequential(lambda x, y: x, np.zeros((4, 1)), np.ones((4, 1)), window=0)
+
+
+def _perturbed(task: Task, k: int, delta: float = 5.0) -> Task:
+    """The same stream with target k (and, for forecasts, the input that carries it) changed."""
+    inputs, targets = task.inputs.copy(), task.targets.copy()
+    targets[k] += delta
+    if task.mode == "forecast":
+        inputs[k + 1] += delta
+    return Task(task.name, task.mode, inputs, targets)
+
+
+def _first_difference(run, task, k):
+    a, b = run(task).predictions, run(_perturbed(task, k)).predictions
+    diff = np.where(np.any(a != b, axis=tuple(range(1, a.ndim))))[0]
+    return int(diff[0]) if len(diff) else None
+
+
+def test_a_peeking_learner_is_caught():
+    task = Task.forecast("sine", np.sin(0.3 * np.arange(60.0)))
+    honest = lambda t: ev.prequential(lambda x, y: 0.9 * x, t.inputs, t.targets)      # noqa: E731
+    peeking = lambda t: ev.prequential(lambda x, y: y, t.inputs, t.targets)          # noqa: E731
+    # changing target 30 may only change predictions made after it was revealed (step 31 on)
+    assert _first_difference(honest, task, 30) == 31
+    assert _first_difference(peeking, task, 30) == 30                                  # caught
+
+
+@pytest.mark.parametrize("name", ["forecast", "supervised"])
+def test_streamtrace_learner_never_sees_a_target_before_predicting_it(name):
+    rng = np.random.default_rng(0)
+    if name == "forecast":
+        task = Task.forecast("sine", np.sin(0.2 * np.arange(80.0)) + 0.1 * rng.normal(size=80))
+    else:
+        task = Task("pairs", "supervised", rng.normal(size=(80, 1)), rng.normal(size=(80, 1)))
+    run = lambda t: ev.evaluate(t, SMALL, window=20)                                    # noqa: E731
+    # the prediction of target 50 is unchanged by target 50; the learner learns from it after
+    assert _first_difference(run, task, 50) == 51
+
+
+def test_task_config_fills_from_the_task_and_refuses_misfits(tmp_path):
+    lorenz = Task.forecast("lorenz", np.random.default_rng(0).normal(size=(10, 3)))
+    cfg = ev.task_config(lorenz, None)
+    assert (cfg.model.n_in, cfg.model.n_out, cfg.learning.mode) == (3, 3, "forecast")
+    assert cfg.model.stack == ev.default_config(lorenz)["model"]["stack"]
+    narma = Task("narma10", "supervised", np.zeros((10, 1)), np.zeros((10, 1)))
+    assert ev.task_config(narma, SMALL, seed=4).learning.mode == "supervised"
+    assert ev.task_config(narma, SMALL, seed=4).model.seed == 4
+    toml = tmp_path / "c.toml"
+    toml.write_text('[model]\nstack = "gru"\nn_in = 2\n')
+    with pytest.raises(ConfigError, match="model.n_in = 2 does not fit task 'lorenz'"):
+        ev.task_config(lorenz, toml)
+    toml.write_text('[learning]\nlr = "fast"\n')
+    with pytest.raises(ConfigError, match="learning.lr"):
+        ev.task_config(lorenz, toml)
+
+
+def test_cli_end_to_end(tmp_path):
+    png = tmp_path / "mg.png"
+    out = subprocess.run([sys.executable, "-m", "streamtrace", "evaluate", "mackey-glass", "--steps", "300",
+                          "--plot", str(png)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert lines[0].split()[:3] == ["task", "config", "steps"]
+    result = json.loads(lines[-1])
+    assert set(result) == {"task", "nrmse", "mae", "us_per_step", "steps"}
+    assert result["task"] == "mackey-glass" and result["steps"] == 300
+    assert 0 < result["nrmse"] < 2 and result["us_per_step"] > 0
+    assert png.stat().st_size > 1000 and "step 300/300" in out.stderr
+
+
+def test_cli_file_with_config_and_errors(tmp_path, capsys):
+    from streamtrace.cli import main
+    t = np.arange(200)
+    np.savetxt(tmp_path / "s.csv", np.column_stack([np.sin(0.1 * t), np.cos(0.1 * t)]), delimiter=",",
+               header="a,b", comments="")
+    (tmp_path / "c.toml").write_text('[model]\nstack = "rnn"\nn_hidden = 8\n[learning]\nlr = 0.01\n')
+    assert main(["evaluate", str(tmp_path / "s.csv"), "--config", str(tmp_path / "c.toml"), "--window", "50"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["task"] == "s.csv" and result["steps"] == 199 and math.isfinite(result["nrmse"])
+    assert main(["evaluate", "nope"]) == 2
+    assert "unknown task 'nope'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("peer", ["reservoirpy", "river-snarimax", "river-lagged", "jax"])
+def test_benchmark_peers_predict_before_learning(peer):
+    """The quality benchmark's wrappers score the prediction made before the learner sees the
+    target (reservoirpy's RLS.partial_fit returns the one after)."""
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
+    import quality_peers as qp
+    if peer == "reservoirpy":
+        pytest.importorskip("reservoirpy")
+        make = lambda: qp.reservoirpy_esn(units=30, seed=0)                          # noqa: E731
+    elif peer.startswith("river"):
+        pytest.importorskip("river")
+        make = (lambda: qp.river_snarimax(p=3)) if peer == "river-snarimax" else \
+            (lambda: qp.river_lagged(lags=4, kind="bayes"))
+    else:
+        make = lambda: qp.jax_esn_rls(units=30, delta=1e-2)                          # noqa: E731
+    task = Task.forecast("sine", np.sin(0.3 * np.arange(60.0)))
+    run = lambda t: ev.prequential(make(), t.inputs, t.targets)                      # noqa: E731
+    assert _first_difference(run, task, 30) == 31
