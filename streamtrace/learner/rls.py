@@ -8,6 +8,7 @@ input x, and a bias), forgetting factor lam (1: remember everything) and P the i
 
 P starts at I / delta. Every slot has its own W and P (each stream its own readout), also
 when the model's weights are shared. A slot whose update is not finite keeps its old W, P.
+(P - k r' P is kept exactly symmetric by its form; see ``update``.)
 
 Several ``delta`` values: one readout per value, all updated every step, and each step's
 prediction comes from the one with the lowest recent prequential error (an exponential
@@ -74,20 +75,26 @@ class RLSReadout:
         return jnp.take_along_axis(ys, best[:, None, None], axis=1)[:, 0]
 
     def update(self, state, r, y, ok):
-        """One RLS step of every readout per slot where ``ok`` (N,); returns (state, prior errors)."""
+        """One RLS step of every readout per slot where ``ok`` (N,); returns (state, prior errors).
+
+        P - P r r' P / (lam + r' P r) is written as an outer product of P r with itself, so it
+        stays exactly symmetric; a refused update becomes the identity through its scale
+        factors (no select over P): P is the big array, and each pass over it costs."""
         W, P = state["W"], state["P"]
         r = r.astype(W.dtype)
         e = y.reshape(y.shape[0], 1, -1).astype(W.dtype) - self._all(W, r)      # (N, k, o)
         Pr = jnp.einsum("nkij,nj->nki", P, r)
-        k = Pr / (self.lam + jnp.einsum("nj,nkj->nk", r, Pr)[..., None])
-        W2 = W + k[..., :, None] * e[..., None, :]
-        P2 = (P - k[..., :, None] * Pr[..., None, :]) / self.lam
-        P2 = 0.5 * (P2 + jnp.swapaxes(P2, -1, -2))   # rounding makes P drift from symmetric
+        den = self.lam + jnp.einsum("nj,nkj->nk", r, Pr)                          # (N, k)
+        fine = ok[:, None] & jnp.isfinite(den) & (den > 0) & \
+            jnp.isfinite(jnp.sum(Pr, axis=-1) + jnp.sum(e, axis=-1))
+        inv = jnp.where(fine, 1.0 / jnp.where(fine, den, 1.0), 0.0)
+        e = jnp.where(fine[..., None], e, 0.0)
+        W2 = W + (Pr * inv[..., None])[..., :, None] * e[..., None, :]
+        shrink = jnp.where(fine, 1.0 / self.lam, 1.0)[..., None, None]
+        P2 = (P - (Pr * inv[..., None])[..., :, None] * Pr[..., None, :]) * shrink
         a = 1.0 / self.select_window
-        err2 = (1 - a) * state["err"] + a * jnp.mean(e * e, axis=-1)
-        fine = ok & jnp.isfinite(jnp.sum(W2, axis=(1, 2, 3)) + jnp.sum(P2, axis=(1, 2, 3)))
-        keep = lambda new, old: jnp.where(fine.reshape((-1,) + (1,) * (new.ndim - 1)), new, old)
-        return {"W": keep(W2, W), "P": keep(P2, P), "err": keep(err2, state["err"])}, e
+        err2 = jnp.where(fine, (1 - a) * state["err"] + a * jnp.mean(e * e, axis=-1), state["err"])
+        return {"W": W2, "P": P2, "err": err2}, e
 
 
 def rls(n_out: int | None = None, *, lam: float = 1.0, delta=1e-4, use_input: bool = True,

@@ -93,6 +93,9 @@ class StepFunctions:
         self.opt = opt
         self._y_shape = tuple(y_shape) if y_shape is not None else tuple(algo.graph.out_struct.shape)
         self.rolling = RollingMetrics(cfg.window)
+        # a frozen model under a readout needs no replay of step t-1 (there is no gradient to
+        # take): the features of the last prediction are kept instead, one model step per call
+        self._carry_features = cfg.mode == "forecast" and readout is not None and not self.learn_model
         self._vstep = jax.vmap(lambda p, h, tr, x: algo(p, h, tr, x), in_axes=(None, 0, 0, 0))
         self._vforward = jax.vmap(lambda p, h, tr, x: algo.forward(p, h, tr, (x,)), in_axes=(None, 0, 0, 0))
         self._vplain = jax.vmap(lambda p, h, x: algo.graph.run(p, h, (x,)), in_axes=(None, 0, 0))
@@ -139,6 +142,9 @@ class StepFunctions:
             n_in = int(jnp.prod(jnp.array(x_shape))) if x_shape else 1
             n_feat = int(jnp.prod(jnp.array(feat.shape))) if feat.shape else 1
             state["readout"] = self.readout.init(n_slots, n_feat, n_in, n_out, feat.dtype)
+            if self._carry_features:
+                m = self.readout.n_features(n_feat, n_in)
+                state["pending"]["r"] = jnp.zeros((n_slots, m), feat.dtype)
         return state
 
     # ---- the step ---------------------------------------------------------------------
@@ -274,6 +280,44 @@ class StepFunctions:
         return state, out, jnp.where(learning, losses, jnp.nan), applied
 
     def _forecast(self, state, x, active, learn):
+        if self._carry_features:
+            return self._forecast_carried(state, x, active, learn)
+        return self._forecast_replayed(state, x, active, learn)
+
+    def _forecast_carried(self, state, x, active, learn):
+        """Frozen model + readout: ``hidden`` is the state after the last prediction and
+        ``pending.r`` its readout features; learn the readout from them, then step once."""
+        pend, T = state["pending"], self.transform
+        sig = self._signal(state)
+        x_ok = active & jnp.isfinite(_slot_sum(x))
+        has_prev = x_ok & (pend["valid"] > 0)
+        x = jnp.where(_lead(x_ok, x), x, 0)
+        y_now = x if self.cfg.channels is None else x[..., self.cfg.channels]
+        t_model = T.target(sig, pend["x"], y_now)
+        pred_m = self.readout.predict(state["readout"], pend["r"]).reshape(t_model.shape)
+        losses = jax.vmap(self.loss_fn)(pred_m, t_model)
+        learning = has_prev & learn & T.ready(sig) & jnp.isfinite(losses)
+        state = self._learn_readout(state, pend["r"], t_model, learning)
+        state = self._observe(state, x, None, x_ok)
+        sig = self._signal(state)
+        params = self.from_block(state["params"])
+        z = T.encode(sig, x)
+        out, h = self._vplain(params, state["hidden"], z)
+        keep = x_ok & jnp.isfinite(_slot_sum(h))
+        r = self.readout.features(out, z)
+        preds = [T.decode(sig, x, self.readout.predict(state["readout"], r).reshape((x.shape[0],) + self._pred_shape()))]
+        if self.cfg.horizon > 1:
+            preds += self._rollout(state, h, x, first=preds[0])[1:]
+        state = self._finish(state, active & ~keep, learning, losses, pend["pred"], y_now, has_prev)
+        state = {**state, "hidden": _slot_where(keep, h, state["hidden"]),
+                 "pending": {"x": jnp.where(_lead(keep, x), x, pend["x"]),
+                             "valid": jnp.where(keep, 1, pend["valid"]).astype(jnp.int32),
+                             "pred": jnp.where(_lead(keep, preds[0]), preds[0], pend["pred"]),
+                             "r": jnp.where(_lead(keep, r), r, pend["r"])}}
+        pred = preds[0] if self.cfg.horizon == 1 else jnp.stack(preds, axis=1)
+        return state, pred, jnp.where(learning, losses, jnp.nan), jnp.bool_(False)
+
+    def _forecast_replayed(self, state, x, active, learn):
         """Learn from the prediction made at t-1 (its target is x_t), then predict x_{t+1}.
 
         The state holds where step t-1 began (hidden, traces, x_{t-1}); replaying that step
@@ -314,13 +358,17 @@ class StepFunctions:
         pred = preds[0] if self.cfg.horizon == 1 else jnp.stack(preds, axis=1)
         return state, pred, jnp.where(learning, losses, jnp.nan), applied
 
-    def _rollout(self, state, h, x):
+    def _rollout(self, state, h, x, first=None):
         """Predictions of the next ``horizon`` values from hidden state h and input x (user
         units): each one is fed back as the next input (other channels held at their last
-        value), with the weights as they are now; no learning."""
+        value), with the weights as they are now; no learning. ``first``: h already took x
+        and predicted this; continue from there."""
         params, sig, T = self.from_block(state["params"]), self._signal(state), self.transform
-        preds = []
-        for i in range(self.cfg.horizon):
+        preds = [] if first is None else [first]
+        if first is not None:
+            x = first.astype(x.dtype) if self.cfg.channels is None else \
+                x.at[..., self.cfg.channels].set(first.astype(x.dtype))
+        for i in range(len(preds), self.cfg.horizon):
             z = T.encode(sig, x)
             out, h = self._vplain(params, h, z)
             pred = T.decode(sig, x, self._head(state, out, z)[0])
