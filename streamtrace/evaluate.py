@@ -123,8 +123,11 @@ def default_config(task: Task) -> dict:
     """The documented forecast default (TOML-equivalent): used when no config is given.
     The task decides n_in / n_out / mode; everything else is the library's default choice."""
     return {
-        "model": {"stack": "rnn", "n_in": task.n_in, "n_hidden": 32, "n_out": task.n_out},
-        "learning": {"algorithm": "d-rtrl", "mode": task.mode, "optimizer": "adam", "lr": 1e-3},
+        "model": {"stack": "reservoir", "n_in": task.n_in, "n_hidden": 200, "n_out": task.n_out,
+                  "precision": 64},
+        "signal": {"normalise": True, "residual": task.mode == "forecast"},
+        "readout": {"kind": "rls"},
+        "learning": {"mode": task.mode, "optimizer": "frozen"},
     }
 
 

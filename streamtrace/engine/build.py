@@ -29,7 +29,7 @@ def readout_of(cfg: EngineConfig):
     if ro.kind != "rls":
         return None
     n_out = cfg.model.n_out if cfg.learning.mode != "forecast" else None
-    return rls(n_out, lam=ro.lam, delta=ro.delta, use_input=ro.use_input)
+    return rls(n_out, lam=ro.lam, delta=tuple(float(d) for d in ro.delta), use_input=ro.use_input)
 
 
 def build_learner(cfg: EngineConfig, *, slots: int | None = None, shared_weights: bool = True) -> OnlineLearner:

@@ -57,7 +57,9 @@ class SignalConfig:              # between the user's units and the model
 class ReadoutConfig:             # a closed-form readout over the model's output features
     kind: str = ""               # "" (the model's own output is the prediction) or "rls"
     lam: float = 1.0             # forgetting factor (1: remember everything)
-    delta: float = 1e-4          # P starts at I / delta (smaller: less regularisation)
+    # P starts at I / delta (smaller: less ridge); several values: each step predicts with the
+    # readout whose recent prequential error is lowest (strong ridge for short streams)
+    delta: list = field(default_factory=lambda: [0.1, 1e-8])
     use_input: bool = True       # the (encoded) input is a readout feature too
 
 
@@ -250,7 +252,10 @@ class EngineConfig:
             raise ConfigError("readout.kind", f"{ro.kind!r}: choose 'rls' (or leave it out)")
         if not 0 < ro.lam <= 1:
             raise ConfigError("readout.lam", f"must be in (0, 1]; got {ro.lam}")
-        _positive("readout.delta", ro.delta)
+        if not ro.delta or not all(isinstance(d, (int, float)) and not isinstance(d, bool) for d in ro.delta):
+            raise ConfigError("readout.delta", f"must be a number or a list of numbers; got {ro.delta!r}")
+        for d in ro.delta:
+            _positive("readout.delta", d)
         if m.stack == "reservoir" and not m.factory and ro.kind != "rls":
             raise ConfigError("readout.kind", "model.stack = 'reservoir' returns its state: it needs readout.kind = 'rls'")
         if l.channels:
@@ -335,6 +340,8 @@ def _fill(obj, data: dict, where: str):
         want = type(current)
         if want is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
+        if want is list and isinstance(value, (int, float)) and not isinstance(value, bool):
+            value = [value]      # one value where a list of them is allowed (readout.delta)
         if not isinstance(value, want) or (want is int and isinstance(value, bool)):
             kind = {"int": "an integer", "float": "a number", "str": "a string", "bool": "true or false"}
             raise ConfigError(f"{where}{key}", f"must be {kind.get(want.__name__, want.__name__)}; got {value!r}")
