@@ -51,6 +51,9 @@ class EngineSection:
                                   # awaited anyway, and a hand-off to jax's worker thread costs
                                   # a cross-thread wake-up per message
     on_gap: str = "reject"        # a sequence gap: "reject" the message, or "accept" and count it
+    park_s: float = 3600.0        # an idle-evicted stream's state is kept this long and restored
+                                  # when it returns (0: off, a returning stream starts fresh)
+    max_parked: int = 256         # most parked streams (oldest dropped first): bounds the memory
 
 
 @dataclass
@@ -116,6 +119,8 @@ class EngineConfig:
             raise ConfigError("learning.lr must be > 0")
         if e.slots < 1 or e.micro_batch < 1 or e.max_pending < 1:
             raise ConfigError("engine.slots, engine.micro_batch and engine.max_pending must be >= 1")
+        if not e.park_s >= 0 or e.max_parked < 1:
+            raise ConfigError("engine.park_s must be >= 0 and engine.max_parked >= 1")
         if e.on_gap not in ("reject", "accept"):
             raise ConfigError("engine.on_gap must be 'reject' or 'accept'")
         if self.checkpoint.dir and self.checkpoint.every < 1:
