@@ -305,6 +305,36 @@ def test_parking_keeps_a_bounded_number_of_streams_and_can_be_off():
     assert len(off.parking) == 0
 
 
+@pytest.mark.parametrize("shared", [False, True], ids=["per-slot", "shared"])
+def test_learner_slot_read_and_write_move_exactly_one_slot(shared):
+    """write_slot(1, read_slot(0)) makes slot 1's per-slot leaves equal slot 0's (all leaves
+    with per-slot weights; hidden, traces, pending input and loss with shared weights) and
+    changes nothing else; checked on state_dict, not on the slot functions themselves."""
+    from streamtrace.engine.build import build_learner
+    cfg = load_config(None, {"model": {"n_in": N_IN, "n_hidden": 4, "n_out": N_IN}, "learning": {"mode": "forecast"}})
+    L = build_learner(cfg, slots=3, shared_weights=shared)
+    rng = np.random.default_rng(7)
+    for _ in range(3):
+        L.step(rng.normal(size=(3, N_IN)).astype(np.float32))
+    before = L.state_dict()
+    L.write_slot(1, L.read_slot(0))
+    after = L.state_dict()
+    per_slot = [k for k in before if not shared or k.split(".")[0] in ("hidden", "traces", "pending")
+                or k in ("stats.preq_sum", "stats.preq_n")]
+    assert any(k.startswith("traces.") for k in per_slot) and any(k.startswith("hidden.") for k in per_slot)
+    for k in before:
+        if k in per_slot:
+            assert np.array_equal(after[k][1], before[k][0]), k
+            assert np.array_equal(np.delete(after[k], 1, 0), np.delete(before[k], 1, 0)), k
+        else:
+            assert np.array_equal(after[k], before[k]), k
+    assert any(not np.array_equal(before[k][1], before[k][0]) for k in per_slot)
+    with pytest.raises(ValueError, match="slot layout"):
+        L.write_slot(0, {"hidden": {}})
+    with pytest.raises(IndexError):
+        L.read_slot(3)
+
+
 # ---- item 2: framing, in-process over inproc ----------------------------------------------------
 @pytest.fixture
 def router_pair():

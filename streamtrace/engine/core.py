@@ -71,6 +71,8 @@ class EngineCore:
                 self.learner.compiled(k)
         if self.learner.slots is not None:
             self.learner.compiled_reset()
+            if self.parking.enabled:       # compiles the slot read and write (a no-op write)
+                self.learner.write_slot(0, self.learner.read_slot(0))
 
     # ---- ingest -----------------------------------------------------------------------
     def ingest(self, raw: bytes, origin=None, t_recv: float | None = None) -> list:
