@@ -1,7 +1,6 @@
 """Issue 8, engine items: one message never stops the engine, multi-part messages are bounded
 in total, f8 values beyond float32 are not finite, every message is accounted for, nil
 optional fields mean absent, and an idle-evicted stream resumes from its parked state."""
-import math
 import os
 import shutil
 import tempfile

@@ -3,7 +3,9 @@
 ``ingest(raw, origin)`` checks one message and queues it (or answers with an error at once);
 ``tick()`` runs every queued step in one compiled call and returns what to send. Outputs are
 ``("reply", origin, bytes)`` for the sender (origin None: fire-and-forget) and
-``("pub", topic, bytes)`` for subscribers. No learner state changes for a refused message.
+``("pub", topic, bytes)`` for subscribers. No learner state changes for a refused message,
+and any failure while handling one message is a refusal (code ``internal``), never a crash.
+Streams evicted for being idle are parked (``parking.py``) and resume if they return in time.
 """
 from __future__ import annotations
 
