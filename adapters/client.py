@@ -93,7 +93,7 @@ class SensorClient:
         if msg["type"] == "error":
             if msg.get("stream") == self.stream and "expected" in msg:
                 self.seq = msg["expected"]
-            elif msg.get("seq") == seq and self.seq == seq + 1:
+            elif msg.get("seq", seq) == seq and self.seq == seq + 1:   # refused unread: seq unused
                 self.seq = seq
             raise EngineError(msg["code"], msg["message"], msg)
         return msg

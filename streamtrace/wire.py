@@ -28,6 +28,7 @@ MAX_MESSAGE_BYTES = 1 << 20          # default size limit for any one message
 MAX_STREAM_ID = 128
 ALLOWED_DTYPES = ("<f4", "<f8", "<f2", "<i4", "<i8", "<i2", "|i1", "|u1", "<u2", "<u4")
 DATA_FIELDS = {"v", "type", "stream", "seq", "ts", "x", "y", "mode"}
+OPTIONAL_FIELDS = {"ts", "y", "mode"}   # nil means absent
 MODES = ("learn", "predict")
 
 
@@ -57,13 +58,20 @@ def unpack_array(obj, field: str = "array", max_elements: int = 1 << 20) -> np.n
     n = math.prod(shape)
     if n > max_elements:
         raise WireError("too_large", f"'{field}' has {n} elements; the limit is {max_elements}")
+    # each dimension bounded on its own too: a zero next to a huge one has no elements but
+    # still overflows numpy's shape arithmetic
+    if any(d > max_elements for d in shape):
+        raise WireError("bad_shape", f"'{field}' has a dimension above {max_elements}: {list(shape)}")
     if not isinstance(data, (bytes, bytearray)):
         raise WireError("bad_array", f"'{field}' data must be raw bytes")
     dt = np.dtype(dtype)
     if len(data) != n * dt.itemsize:
         raise WireError("bad_array", f"'{field}' has {len(data)} bytes of data; shape {list(shape)} of "
                                      f"{dtype} needs {n * dt.itemsize}")
-    return np.frombuffer(data, dt).reshape(shape)
+    try:
+        return np.frombuffer(data, dt).reshape(shape)
+    except ValueError as e:  # numpy's own shape limits, whatever slips past the checks above
+        raise WireError("bad_shape", f"'{field}' shape {list(shape)} is not a valid array shape ({e})") from None
 
 
 def encode(msg: dict) -> bytes:
@@ -103,9 +111,12 @@ def data_message(stream: str, seq: int, x, y=None, *, ts: float | None = None, m
     return encode(msg)
 
 
-def decode_data(msg: dict, x_shape: tuple, y_shape: tuple) -> dict:
+def decode_data(msg: dict, x_shape: tuple, y_shape: tuple, x_dtype=None, y_dtype=None) -> dict:
     """Check a decoded 'data' map against the model's shapes; returns a clean dict with
-    float arrays. Raises WireError naming the first problem."""
+    float arrays (of x_dtype / y_dtype when given: a value that overflows the model's dtype is
+    refused as not finite). Optional fields that are nil count as absent. Raises WireError
+    naming the first problem."""
+    msg = {k: v for k, v in msg.items() if v is not None or k not in OPTIONAL_FIELDS}
     unknown = set(msg) - DATA_FIELDS
     if unknown:
         raise WireError("unknown_field", f"unknown field(s) {sorted(map(str, unknown))}; allowed: {sorted(DATA_FIELDS)}")
@@ -121,21 +132,24 @@ def decode_data(msg: dict, x_shape: tuple, y_shape: tuple) -> dict:
     mode = msg.get("mode", "learn")
     if mode not in MODES:
         raise WireError("bad_mode", f"'mode' must be one of {MODES}; got {mode!r}")
-    if "x" not in msg:
+    if msg.get("x") is None:
         raise WireError("missing_field", "data message has no 'x'")
-    x = _checked(unpack_array(msg["x"], "x"), "x", x_shape)
+    x = _checked(unpack_array(msg["x"], "x"), "x", x_shape, x_dtype)
     y = None
-    if msg.get("y") is not None:
-        y = _checked(unpack_array(msg["y"], "y"), "y", y_shape)
+    if "y" in msg:
+        y = _checked(unpack_array(msg["y"], "y"), "y", y_shape, y_dtype)
     return {"stream": stream, "seq": seq, "ts": float(ts), "x": x, "y": y, "mode": mode}
 
 
-def _checked(a: np.ndarray, field: str, shape: tuple) -> np.ndarray:
+def _checked(a: np.ndarray, field: str, shape: tuple, dtype=None) -> np.ndarray:
     if tuple(a.shape) != tuple(shape):
         raise WireError("bad_shape", f"'{field}' has shape {list(a.shape)}; the model expects {list(shape)}")
     if a.dtype.kind not in "fiu":
         raise WireError("bad_dtype", f"'{field}' must be numeric")
-    a = a.astype(np.float64 if a.dtype == np.float64 else np.float32)
+    if dtype is None:
+        dtype = np.float64 if a.dtype == np.float64 else np.float32
+    with np.errstate(over="ignore", invalid="ignore"):
+        a = a.astype(dtype)      # checked after the cast: 1e300 as float32 is inf
     if not np.all(np.isfinite(a)):
-        raise WireError("not_finite", f"'{field}' contains NaN or Inf")
+        raise WireError("not_finite", f"'{field}' contains NaN or Inf, or a value beyond the range of {np.dtype(dtype)}")
     return a

@@ -90,6 +90,9 @@ class EngineSection:
                                   # awaited anyway, and a hand-off to jax's worker thread costs
                                   # a cross-thread wake-up per message
     on_gap: str = "reject"        # a sequence gap: "reject" the message, or "accept" and count it
+    park_s: float = 3600.0        # an idle-evicted stream's state is kept this long and restored
+                                  # when it returns (0: off, a returning stream starts fresh)
+    max_parked: int = 256         # most parked streams (oldest dropped first): bounds the memory
 
 
 @dataclass
@@ -190,6 +193,9 @@ class EngineConfig:
         _int_range("engine.slots", e.slots, 1, 1_000_000)
         _int_range("engine.micro_batch", e.micro_batch, 1, 4096)
         _int_range("engine.max_pending", e.max_pending, 1, 10_000_000)
+        if not (math.isfinite(e.park_s) and e.park_s >= 0):
+            raise ConfigError("engine.park_s", f"must be >= 0 seconds (0: off); got {e.park_s}")
+        _int_range("engine.max_parked", e.max_parked, 1, 1_000_000)
         if not e.idle_timeout_s >= 0:    # inf is fine: streams are never evicted
             raise ConfigError("engine.idle_timeout_s", f"must be >= 0 seconds; got {e.idle_timeout_s}")
         smallest = 512 + 8 * (m.n_in + m.n_out)

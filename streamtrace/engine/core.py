@@ -3,10 +3,13 @@
 ``ingest(raw, origin)`` checks one message and queues it (or answers with an error at once);
 ``tick()`` runs every queued step in one compiled call and returns what to send. Outputs are
 ``("reply", origin, bytes)`` for the sender (origin None: fire-and-forget) and
-``("pub", topic, bytes)`` for subscribers. No learner state changes for a refused message.
+``("pub", topic, bytes)`` for subscribers. No learner state changes for a refused message,
+and any failure while handling one message is a refusal (code ``internal``), never a crash.
+Streams evicted for being idle are parked (``parking.py``) and resume if they return in time.
 """
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -18,8 +21,11 @@ from ..learner.checkpoint import CheckpointDir
 from .build import build_learner
 from .config import EngineConfig
 from .metrics import Metrics
+from .parking import ParkingLot
 
 __all__ = ["EngineCore", "Stream"]
+
+log = logging.getLogger("streamtrace.engine")
 
 
 @dataclass
@@ -46,6 +52,9 @@ class EngineCore:
         self.streams: dict[str, Stream] = {}
         self.free = list(range(ec.slots - 1, -1, -1))
         self.metrics = Metrics()
+        self.metrics.counters.update(parked=0, unparked=0, park_dropped=0)
+        self.parking = ParkingLot(ec.park_s, ec.max_parked)
+        self._internal_logged: set = set()
         self.version = 0                 # weights version (bumped at every publish)
         self.steps = 0                   # accepted data messages processed
         self._since_publish = 0
@@ -64,20 +73,45 @@ class EngineCore:
                 self.learner.compiled(k)
         if self.learner.slots is not None:
             self.learner.compiled_reset()
+            if self.parking.enabled:       # compiles the slot read and write (a no-op write)
+                self.learner.write_slot(0, self.learner.read_slot(0))
 
     # ---- ingest -----------------------------------------------------------------------
     def ingest(self, raw: bytes, origin=None, t_recv: float | None = None) -> list:
+        """One message in; every message is accounted for: it is queued (``accepted``, later
+        ``answered``), answered at once (a weights snapshot: ``answered``) or refused (``errors``)."""
         t_recv = self.clock() if t_recv is None else t_recv
         self.metrics.count("received")
+        try:
+            return self._ingest(raw, origin, t_recv)
+        except Exception as e:  # one message must never stop the engine
+            key = type(e).__name__
+            if key not in self._internal_logged:   # a traceback per kind of failure, not per message
+                self._internal_logged.add(key)
+                log.exception("internal error while handling one message (refused as 'internal')")
+            return self._refuse(origin, "internal", f"the engine failed to handle this message ({key}); "
+                                "it was refused and nothing was learned from it", None, None)
+
+    def reject(self, origin, code: str, message: str) -> list:
+        """A message refused before its payload could be read (its framing), counted like any other."""
+        self.metrics.count("received")
+        return self._refuse(origin, code, message, None, None)
+
+    def _ingest(self, raw, origin, t_recv) -> list:
         msg = None
         try:
             msg = wire.decode(raw, self.cfg.engine.max_message_bytes)
             kind = msg["type"]
             if kind == "get_weights":
-                return [("reply", origin, self.weights_message("snapshot"))] if origin is not None else []
+                if origin is None:
+                    raise wire.WireError("bad_type", "get_weights is answered over request/reply (the ROUTER "
+                                         "socket) only; fire-and-forget (PULL) has no way to answer")
+                reply = self.weights_message("snapshot")
+                self.metrics.count("answered")
+                return [("reply", origin, reply)]
             if kind != "data":
                 raise wire.WireError("bad_type", f"unknown message type {kind!r}; expected 'data' or 'get_weights'")
-            data = wire.decode_data(msg, self.x_shape, self.y_shape)
+            data = wire.decode_data(msg, self.x_shape, self.y_shape, self.learner.x_dtype, self.learner.y_dtype)
         except wire.WireError as e:
             # name the stream and seq when they can be read, and where the stream stands, so
             # a client can go on (a refused message uses up no sequence number)
@@ -85,11 +119,18 @@ class EngineCore:
             if msg is not None and isinstance(msg.get("stream"), str) and isinstance(msg.get("seq"), int) \
                     and not isinstance(msg.get("seq"), bool):
                 stream, seq = msg["stream"], msg["seq"]
-                known = self.streams.get(stream)
-                if known is not None and known.next_seq is not None:
-                    extra["expected"] = known.next_seq
+                expected = self._expected(stream, t_recv)
+                if expected is not None:
+                    extra["expected"] = expected
             return self._refuse(origin, e.code, str(e), stream, seq, **extra)
         return self._accept(data, origin, t_recv)
+
+    def _expected(self, name, now):
+        known = self.streams.get(name)
+        if known is not None:
+            return known.next_seq
+        parked = self.parking.get(name, now) if self.parking.enabled else None
+        return None if parked is None else parked.next_seq
 
     def _refuse(self, origin, code, message, stream, seq, **extra) -> list:
         self.metrics.error(code)
@@ -105,46 +146,64 @@ class EngineCore:
         return out
 
     def _accept(self, d, origin, t_recv) -> list:
+        # every check comes before any change: a refused message changes nothing
         name, seq = d["stream"], d["seq"]
         st = self.streams.get(name)
-        if st is None:
-            slot = self._take_slot()
-            if slot is None:
-                return self._refuse(origin, "no_slot", f"all {self.cfg.engine.slots} slots are busy; stream "
-                                    f"'{name}' was not admitted (raise engine.slots or wait for idle streams)",
-                                    name, seq)
-            st = self.streams[name] = Stream(slot)
-        expected = st.next_seq
+        parked = None
+        if st is None and self.parking.enabled:
+            parked = self.parking.get(name, t_recv)     # it left idle and comes back: resume
+        expected = st.next_seq if st is not None else parked.next_seq if parked is not None else None
+        resync = st is not None and st.resync
         if expected is not None and seq != expected:
             if seq < expected:
                 return self._refuse(origin, "repeat", f"stream '{name}': seq {seq} was already received "
                                     f"(expected {expected})", name, seq, expected=expected)
-            if not st.resync and self.cfg.engine.on_gap == "reject":
+            if not resync and self.cfg.engine.on_gap == "reject":
                 return self._refuse(origin, "gap", f"stream '{name}': seq {seq} skips ahead (expected "
                                     f"{expected}); resend from {expected}", name, seq, expected=expected)
-            self.metrics.count("lost_on_resync", seq - expected)
-        if len(st.pending) >= self.cfg.engine.max_pending:
+        if st is not None and len(st.pending) >= self.cfg.engine.max_pending:
             return self._refuse(origin, "overloaded", f"stream '{name}' has {len(st.pending)} steps queued; "
                                 "slow down or raise engine.max_pending", name, seq, expected=seq)
+        if st is None:
+            slot = self._take_slot(fresh=parked is None)
+            if slot is None:
+                return self._refuse(origin, "no_slot", f"all {self.cfg.engine.slots} slots are busy; stream "
+                                    f"'{name}' was not admitted (raise engine.slots or wait for idle streams)",
+                                    name, seq)
+            if parked is not None:
+                self.learner.write_slot(slot, parked.state)
+                self.parking.take(name)
+                self.metrics.count("unparked")
+            st = self.streams[name] = Stream(slot, expected)
+        if expected is not None and seq > expected:
+            self.metrics.count("lost_on_resync", seq - expected)
         st.next_seq, st.resync, st.last_seen = seq + 1, False, t_recv
         st.pending.append((d, origin, t_recv))
         self.metrics.count("accepted")
         return []
 
-    def _take_slot(self):
+    def _take_slot(self, fresh: bool = True):
         if not self.free:
             self.evict_idle()
         if not self.free:
             return None
         slot = self.free.pop()
-        self.learner.reset_slot(slot)
+        if fresh:
+            self.learner.reset_slot(slot)
         return slot
 
     def evict_idle(self, now: float | None = None):
-        """Free the slots of streams idle for longer than engine.idle_timeout_s."""
+        """Free the slots of streams idle for longer than engine.idle_timeout_s; with
+        engine.park_s their state is parked, to be restored if they return in time."""
         now = self.clock() if now is None else now
+        lot = self.parking
+        if lot.enabled:
+            lot.expire(now)
         for name, st in list(self.streams.items()):
             if not st.pending and now - st.last_seen > self.cfg.engine.idle_timeout_s:
+                if lot.enabled:
+                    self.metrics.count("park_dropped", lot.park(name, now, st.next_seq, self.learner.read_slot(st.slot)))
+                    self.metrics.count("parked")
                 del self.streams[name]
                 self.metrics.stream_loss.pop(name, None)
                 self.free.append(st.slot)

@@ -19,6 +19,7 @@ from ..learner.checkpoint import CheckpointError
 from .config import ConfigError, EngineConfig
 from .core import EngineCore
 from .preflight import check_environment, check_security
+from .receive import recv_message
 
 __all__ = ["Engine", "serve", "open_engine"]
 
@@ -126,6 +127,7 @@ class Engine:
         # read at most this much before stepping: one stream's queue then never passes
         # engine.max_pending, and what waits beyond it stays in ZeroMQ (back-pressure)
         drain_max = min(self.cfg.engine.slots * self.cfg.engine.micro_batch, self.cfg.engine.max_pending)
+        max_bytes = self.cfg.engine.max_message_bytes
         try:
             while not self._stop:
                 timeout = 0 if core.has_pending() else 50
@@ -134,16 +136,18 @@ class Engine:
                     got = False
                     if events.get(self.router):
                         try:
-                            ident, *frames = self.router.recv_multipart(zmq.NOBLOCK)
+                            m = recv_message(self.router, routed=True, max_bytes=max_bytes)
                             got = True
-                            self._send(core.ingest(frames[-1] if frames else b"", ident))
+                            self._send(core.ingest(m.payload, m.identity) if m.error is None
+                                       else core.reject(m.identity, *m.error))
                         except zmq.Again:
                             events.pop(self.router, None)
                     if self.pull is not None and events.get(self.pull):
                         try:
-                            raw = self.pull.recv(zmq.NOBLOCK)
+                            m = recv_message(self.pull, routed=False, max_bytes=max_bytes)
                             got = True
-                            self._send(core.ingest(raw, None))
+                            self._send(core.ingest(m.payload, None) if m.error is None
+                                       else core.reject(None, *m.error))
                         except zmq.Again:
                             events.pop(self.pull, None)
                     if not got:

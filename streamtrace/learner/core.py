@@ -379,6 +379,57 @@ class OnlineLearner:
             self._compiled["reset"] = jax.jit(reset).lower(self.buffers, np.int32(0)).compile()
         return self._compiled["reset"]
 
+    def _slot_part(self, state) -> dict:
+        """The leaves of ``state`` that belong to the slots (slot axis first): everything with
+        per-slot weights; otherwise hidden state, traces, pending input and per-slot loss."""
+        if self.per_slot:
+            return state
+        part = {k: state[k] for k in ("hidden", "traces", "pending") if k in state}
+        part["stats"] = {k: state["stats"][k] for k in ("preq_sum", "preq_n")}
+        return part
+
+    def _slot_index(self, slot: int) -> np.int32:
+        if self.slots is None:
+            raise ValueError("slot access needs a learner with slots")
+        if not 0 <= slot < self.n:
+            raise IndexError(f"slot {slot} out of range 0..{self.n - 1}")
+        return np.int32(slot)
+
+    def read_slot(self, slot: int) -> dict:
+        """One slot's state as numpy arrays (hidden state, traces, pending forecast input,
+        loss; with per-slot weights also its weights, optimizer state and counters), to be
+        put back later with ``write_slot``, into this slot or another."""
+        i = self._slot_index(slot)
+        if "read_slot" not in self._compiled:
+            def read(buffers, i):
+                return jax.tree_util.tree_map(lambda a: a[i], self._slot_part(self.layout.unpack(buffers)))
+            self._compiled["read_slot"] = jax.jit(read).lower(self.buffers, i).compile()
+        return jax.device_get(self._compiled["read_slot"](self.buffers, i))
+
+    def write_slot(self, slot: int, part: dict):
+        """Replace ``slot``'s state with ``part`` (from ``read_slot``); other slots are untouched."""
+        i = self._slot_index(slot)
+        if "write_slot" not in self._compiled:
+            want = jax.eval_shape(lambda b: jax.tree_util.tree_map(
+                lambda a: a[0], self._slot_part(self.layout.unpack(b))), self.buffers)
+
+            def write(buffers, i, part):
+                state = self.layout.unpack(buffers)
+                new = jax.tree_util.tree_map(lambda a, b: a.at[i].set(b), self._slot_part(state), part)
+                if self.per_slot:
+                    return self.layout.pack(new)
+                state.update({k: v for k, v in new.items() if k != "stats"})
+                state["stats"] = {**state["stats"], **new["stats"]}
+                return self.layout.pack(state)
+            self._slot_struct = want
+            self._compiled["write_slot"] = jax.jit(write).lower(self.buffers, i, want).compile()
+        want = self._slot_struct
+        if jax.tree_util.tree_structure(part) != jax.tree_util.tree_structure(want) or any(
+                np.shape(a) != w.shape for a, w in zip(jax.tree_util.tree_leaves(part), jax.tree_util.tree_leaves(want))):
+            raise ValueError("slot state does not match this learner's slot layout (use read_slot of the same learner)")
+        part = jax.tree_util.tree_map(lambda a, w: np.asarray(a, w.dtype), part, want)
+        self.buffers = self._compiled["write_slot"](self.buffers, i, part)
+
     # ---- checkpoints ------------------------------------------------------------------
     def signature(self) -> dict:
         return {**self._signature_extra, "state": self.layout.signature()}
