@@ -230,3 +230,38 @@ def custom_leaky_net(fn, **kw):
 
 def vjp_lif_net(**kw):
     return make(Stack(VjpLIF, **kw))
+
+
+# --- weights written without streamtrace.nn.ops ---------------------------------------------------
+
+class BrainstateLinearNet(brainstate.nn.Module):
+    """brainstate.nn.Linear input -> one of our neuron groups -> brainstate.nn.Linear readout."""
+
+    def __init__(self, neuron, n_in=3, n_hidden=5, n_out=2, gain=3.0):
+        super().__init__()
+        self.inp = brainstate.nn.Linear(n_in, n_hidden)
+        w = self.inp.weight.value   # a non-zero bias, so its gradient is tested too
+        self.inp.weight.value = dict(w, bias=0.1 * jax.random.normal(jax.random.PRNGKey(7), w["bias"].shape))
+        self.cell = neuron(n_hidden)
+        self.out = brainstate.nn.Linear(n_hidden, n_out)
+        self.gain = gain
+
+    def update(self, x):
+        return self.out(self.cell(self.inp(x) * self.gain))
+
+
+class PlainGainNet(brainstate.nn.Module):
+    """Plain jax: per-neuron input gain ``x * g`` and a plain ``x @ W + b``, no marked ops."""
+
+    def __init__(self, n_in=3, n_hidden=5, n_out=2, seed=0):
+        super().__init__()
+        k1, k2, k3 = jax.random.split(jax.random.PRNGKey(seed), 3)
+        self.W = brainstate.ParamState(jax.random.normal(k1, (n_in, n_hidden)) / np.sqrt(n_in))
+        self.b = brainstate.ParamState(jnp.zeros(n_hidden))
+        self.g = brainstate.ParamState(1.0 + 0.2 * jax.random.normal(k2, (n_hidden,)))
+        self.cell = nn.LeakyRate(n_hidden, tau=4.0)
+        self.R = brainstate.ParamState(jax.random.normal(k3, (n_hidden, n_out)) / np.sqrt(n_hidden))
+
+    def update(self, x):
+        h = self.cell((x @ self.W.value + self.b.value) * self.g.value)
+        return h @ self.R.value

@@ -86,3 +86,63 @@ def test_custom_vjp_that_mixes_neurons_is_refused_by_name(x64):
     xs, _ = data()
     with pytest.raises(CompileError, match="pool"):
         st.compile_graph(model, xs[0])
+
+
+# --- item 12: weights written as plain jax / brainstate layers ------------------------------------
+
+@pytest.mark.parametrize("neuron", ["lif", "leaky"])
+def test_brainstate_linear_input_layer_is_traced_and_matches_bptt(x64, neuron):
+    from models import BrainstateLinearNet, make
+    from streamtrace import nn
+    cell = {"lif": lambda n: nn.LIF(n, tau=5.0), "leaky": lambda n: nn.LeakyRate(n, tau=4.0)}[neuron]
+    model = make(BrainstateLinearNet(cell, gain=3.0 if neuron == "lif" else 1.0))
+    xs, ys = data(scale=2.0)
+    algo = st.D_RTRL(model, xs[0])
+    assert set(algo.graph.trace_params) == {"inp.weight.weight", "inp.weight.bias"}
+    assert worst_vs_bptt(model, algo, xs, ys) <= 1e-6
+
+
+def test_plain_matmul_and_elementwise_gain_are_traced_and_match_bptt(x64):
+    from models import PlainGainNet, make
+    model = make(PlainGainNet())
+    xs, ys = data()
+    algo = st.D_RTRL(model, xs[0])
+    assert set(algo.graph.trace_params) == {"W", "b", "g"}
+    assert worst_vs_bptt(model, algo, xs, ys) <= 1e-6
+
+
+def test_brainstate_vanilla_rnn_cell_gets_traces():
+    model = brainstate.nn.ValinaRNNCell(3, 5)
+    brainstate.nn.init_all_states(model, 2)
+    g = st.compile_graph(model, jnp.ones((2, 3)))
+    assert set(g.trace_params) == {"W.weight.weight", "W.weight.bias"}
+
+
+@pytest.mark.parametrize("cell", ["GRUCell", "LSTMCell"])
+def test_brainstate_gated_cells_are_refused_with_the_reason(cell):
+    """Their gates share one weight whose output is split: not one hidden group per op."""
+    model = getattr(brainstate.nn, cell)(3, 5)
+    brainstate.nn.init_all_states(model, 2)
+    with pytest.raises(CompileError, match=r"W\w*\.weight\.weight.*through `split`"):
+        st.compile_graph(model, jnp.ones((2, 3)))
+
+
+def test_plain_parameter_that_changes_a_state_warns_at_compile_time():
+    class LearnedLeak(brainstate.nn.Module):
+        def __init__(self, n):
+            super().__init__()
+            self.n = n
+            self.theta = brainstate.ParamState(jnp.zeros(n))
+
+        def init_state(self, batch_size=None, **kw):
+            self.v = brainstate.HiddenState(jnp.zeros((batch_size, self.n)))
+
+        def update(self, x):
+            a = jax.nn.sigmoid(self.theta.value)     # a computed decay: no weight op to trace
+            self.v.value = a * self.v.value + (1 - a) * x
+            return self.v.value
+    from models import Stack, make
+    model = make(Stack(LearnedLeak, gain=1.0))
+    with pytest.warns(st.etrace.CompileWarning, match=r"cell\.theta.*hidden state 'cell\.v'"):
+        g = st.compile_graph(model, jnp.ones((2, 3)))
+    assert "WARNING" in g.explain("cell.theta")
