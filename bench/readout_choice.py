@@ -42,8 +42,9 @@ def nrmse(pred, target):
     return float(np.sqrt(np.mean((pred - target) ** 2)) / np.std(target))
 
 
-def run(signal, kind, readout, lr, gain, n_hidden, seed, chunk=500):
-    model = st.nn.Stack(kind, n_in=1, n_hidden=n_hidden, n_out=1, readout=readout, gain=gain, seed=seed)
+def run(signal, kind, readout, lr, gain, n_hidden, seed, tau=None, bias=None, chunk=500):
+    model = st.nn.Stack(kind, n_in=1, n_hidden=n_hidden, n_out=1, readout=readout, gain=gain, tau=tau,
+                        bias_spread=bias or 0.0, seed=seed)
     learner = st.OnlineLearner(model, np.zeros(1, np.float32), mode="forecast", optimizer=optax.adam(lr))
     preds = []
     for t0 in range(0, len(signal), chunk):
@@ -61,6 +62,8 @@ def main():
     ap.add_argument("--lrs", default="1e-3,3e-3,1e-2")
     ap.add_argument("--gains", default="1,3")
     ap.add_argument("--sizes", default="64")
+    ap.add_argument("--bias", type=float, default=None)
+    ap.add_argument("--taus", default="default", help="neuron time constants ('default': the neuron's own)")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--out", default="-")
     a = ap.parse_args()
@@ -70,11 +73,13 @@ def main():
     print(f"persistence NRMSE {nrmse(sig[-LAST - 1:-1], sig[-LAST:]):.3f}", file=sys.stderr)
     out = sys.stdout if a.out == "-" else open(a.out, "a")
     grid = itertools.product(a.kinds.split(","), a.readouts.split(","), map(float, a.lrs.split(",")),
-                             map(float, a.gains.split(",")), map(int, a.sizes.split(",")))
-    for kind, readout, lr, gain, size in grid:
+                             map(float, a.gains.split(",")), map(int, a.sizes.split(",")),
+                             [None if t == "default" else tuple(map(float, t.split(":"))) if ":" in t else float(t)
+                              for t in a.taus.split(",")])
+    for kind, readout, lr, gain, size, tau in grid:
         t = time.time()
-        scores = [run(sig, kind, readout, lr, gain, size, int(s)) for s in a.seeds.split(",")]
-        row = dict(kind=kind, readout=readout, lr=lr, gain=gain, n_hidden=size, standardise=a.standardise,
+        scores = [run(sig, kind, readout, lr, gain, size, int(s), tau, a.bias) for s in a.seeds.split(",")]
+        row = dict(kind=kind, readout=readout, lr=lr, gain=gain, n_hidden=size, tau=tau, bias=a.bias, standardise=a.standardise,
                    nrmse=scores, median=float(np.median(scores)), seconds=round(time.time() - t, 1))
         print(json.dumps(row), file=out, flush=True)
 

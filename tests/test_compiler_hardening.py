@@ -146,3 +146,30 @@ def test_plain_parameter_that_changes_a_state_warns_at_compile_time():
     with pytest.warns(st.etrace.CompileWarning, match=r"cell\.theta.*hidden state 'cell\.v'"):
         g = st.compile_graph(model, jnp.ones((2, 3)))
     assert "WARNING" in g.explain("cell.theta")
+
+
+# --- item 13: when D-RTRL is exact, and explain() says when it is not ------------------------------
+
+@pytest.mark.parametrize("readout", ["linear", "leaky"])
+def test_d_rtrl_is_exact_only_without_a_second_group_and_explain_says_so(x64, readout):
+    from models import make
+    model = make(st.nn.Stack("lif", n_in=3, n_hidden=5, n_out=2, readout=readout, gain=3.0))
+    xs, ys = data(scale=2.0)
+    algo = st.D_RTRL(model, xs[0])
+    params, grads = online_grads(algo, xs, ys)
+    hidden = algo.graph.init_hidden()
+    err = {n: 0.0 for n in params}
+    for t in (5, 17, T - 1):
+        oracle = bptt_grads(model, params, hidden, xs, ys, t, mse)
+        assert float(jnp.abs(oracle["inp.W"]).max()) > 1e-3
+        for n in params:
+            err[n] = max(err[n], rel_err(grads[t][n], oracle[n]))
+    explain = algo.graph.explain()
+    if readout == "linear":
+        assert max(err.values()) <= 1e-6, err
+        assert "WARNING" not in explain
+    else:
+        # the readout's own weight is exact; the input weight's trace misses the readout's memory
+        assert err["out.W"] <= 1e-6 and err["inp.W"] > 1e-2, err
+        assert "WARNING" in algo.graph.explain("inp.W") and "'out.r'" in algo.graph.explain("inp.W")
+        assert "WARNING" not in algo.graph.explain("out.W")
