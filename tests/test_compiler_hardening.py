@@ -173,3 +173,20 @@ def test_d_rtrl_is_exact_only_without_a_second_group_and_explain_says_so(x64, re
         assert err["out.W"] <= 1e-6 and err["inp.W"] > 1e-2, err
         assert "WARNING" in algo.graph.explain("inp.W") and "'out.r'" in algo.graph.explain("inp.W")
         assert "WARNING" not in algo.graph.explain("out.W")
+
+
+def test_per_neuron_time_constants_stay_exact(x64):
+    """Stack(tau=(min, max)) gives each neuron its own decay: still element-wise, still exact."""
+    from models import make
+    model = make(st.nn.Stack("alif", n_in=3, n_hidden=5, n_out=2, readout="linear", gain=3.0, tau=(1.0, 20.0),
+                             bias_spread=1.0))
+    assert np.ptp(np.asarray(model.cell.alpha)) > 0.3 and np.ptp(np.asarray(model.inp.b.value)) > 0.1
+    xs, ys = data(scale=2.0)
+    algo = st.D_RTRL(model, xs[0])
+    assert worst_vs_bptt(model, algo, xs, ys) <= 1e-6
+
+
+@pytest.mark.parametrize("bad", [dict(tau=(5.0, 1.0)), dict(tau=(1.0,)), dict(tau=-1.0), dict(bias_spread=-1.0)])
+def test_stack_refuses_bad_time_constants(bad):
+    with pytest.raises(ValueError, match="tau|bias_spread|time constant"):
+        st.nn.Stack("lif", n_in=1, n_hidden=4, n_out=1, **bad)
