@@ -190,3 +190,11 @@ def test_per_neuron_time_constants_stay_exact(x64):
 def test_stack_refuses_bad_time_constants(bad):
     with pytest.raises(ValueError, match="tau|bias_spread|time constant"):
         st.nn.Stack("lif", n_in=1, n_hidden=4, n_out=1, **bad)
+
+
+@pytest.mark.parametrize("kind", ["lif", "alif", "leaky"])
+def test_default_neuron_stack_reads_out_without_a_second_group(kind):
+    model = st.nn.Stack(kind, n_in=2, n_hidden=4, n_out=1)
+    brainstate.nn.init_all_states(model)
+    g = st.compile_graph(model, jnp.zeros(2))
+    assert len(g.groups) == 1 and "WARNING" not in g.explain()

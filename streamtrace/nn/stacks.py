@@ -18,10 +18,12 @@ STACKS = tuple(CELLS) + tuple(NEURONS)
 class Stack(brainstate.nn.Module):
     """``kind`` in STACKS, with a readout to ``n_out``.
 
-    Rate cells (gru, lstm, rnn) take the input themselves and read out through a Linear
-    (an instant weight). Neuron groups (lif, alif, leaky) are fed by an input Linear scaled by
-    ``gain`` and read out through a leaky rate readout, which smooths spikes (and whose weight
-    carries a trace). ``readout`` overrides that choice: "linear" or "leaky".
+    Rate cells (gru, lstm, rnn) take the input themselves; neuron groups (lif, alif, leaky) are
+    fed by an input Linear scaled by ``gain``. Both read out through a Linear (an instant
+    weight), so D-RTRL is exact for the neuron stacks. ``readout="leaky"`` reads out through a
+    leaky rate readout instead (a second hidden group, which smooths spikes): its input weight's
+    D-RTRL gradient is then approximate, and it forecast worse in every setting we measured
+    (bench/readout_choice.py).
     Neuron stacks only: ``tau`` is the neurons' time constant in steps, or a (min, max) pair
     spread log-uniformly over the neurons (memory at several time scales); ``bias_spread``
     draws the input biases from U(-bias_spread, bias_spread) instead of zero.
@@ -57,7 +59,7 @@ class Stack(brainstate.nn.Module):
             if bias_spread:  # thresholds spread over the input range: no dead zone around x = 0
                 self.inp.b.value = jax.random.uniform(k_b, (n_hidden,), self.inp.b.value.dtype,
                                                       -bias_spread, bias_spread)
-        readout = readout or ("linear" if kind in CELLS else "leaky")
+        readout = readout or "linear"
         if readout == "linear":
             self.out = Linear(n_hidden, n_out, key=k_out)
         elif readout == "leaky":
