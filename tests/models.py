@@ -265,3 +265,12 @@ class PlainGainNet(brainstate.nn.Module):
     def update(self, x):
         h = self.cell((x @ self.W.value + self.b.value) * self.g.value)
         return h @ self.R.value
+
+
+class JitVjpLIF(VjpLIF):
+    """VjpLIF with its state update inside a nested jax.jit (a custom_vjp inside a call)."""
+
+    def update(self, current):
+        v = jax.jit(lambda v, c: self.alpha * (v - self.v_th * vjp_spike(v - self.v_th)) + c)(self.V.value, current)
+        self.V.value = v
+        return vjp_spike(v - self.v_th)

@@ -68,10 +68,12 @@ def test_elementwise_custom_jvp_in_the_recurrence_matches_bptt(x64):
 
 # --- item 11: custom_vjp -------------------------------------------------------------------------
 
-def test_custom_vjp_surrogate_lif_matches_bptt(x64):
+@pytest.mark.parametrize("nested", [False, True], ids=["top-level", "inside-jit"])
+def test_custom_vjp_surrogate_lif_matches_bptt(x64, nested):
     """A LIF whose spike is a custom_vjp learns with D-RTRL; BPTT goes through the same
     custom_vjp (its bwd) by jax.grad."""
-    model = vjp_lif_net()
+    from models import JitVjpLIF, Stack, make
+    model = make(Stack(JitVjpLIF)) if nested else vjp_lif_net()
     xs, ys = data(scale=2.0)
     algo = st.D_RTRL(model, xs[0])
     assert worst_vs_bptt(model, algo, xs, ys) <= 1e-6
