@@ -145,3 +145,132 @@ def online_rows(algo, params, xs, ys):
         g, (out, hidden, traces) = step(params, hidden, traces, jnp.asarray(xs[t]), jnp.asarray(ys[t]))
         rows.append(dict(grads=to_np(g), out=np.asarray(out), hidden=to_np(hidden), traces=to_np(traces)))
     return rows
+
+
+# --- custom derivative rules in the step (compiler hardening) --------------------------------------
+
+@jax.custom_jvp
+def unit_norm(v):
+    """Normalise each row: mixes the neurons of a row (a custom_jvp with the true derivative)."""
+    return v / jnp.sqrt(jnp.sum(v ** 2, axis=-1, keepdims=True) + 1.0)
+
+
+@unit_norm.defjvp
+def _unit_norm_jvp(primals, tangents):
+    f = lambda v: v / jnp.sqrt(jnp.sum(v ** 2, axis=-1, keepdims=True) + 1.0)
+    return jax.jvp(f, primals, tangents)
+
+
+@jax.custom_jvp
+def soft_clip(v):
+    """Element-wise, with a hand-written derivative."""
+    return 2.0 * jnp.tanh(0.5 * v)
+
+
+@soft_clip.defjvp
+def _soft_clip_jvp(primals, tangents):
+    (v,), (dv,) = primals, tangents
+    return soft_clip(v), (1.0 - jnp.tanh(0.5 * v) ** 2) * dv
+
+
+@jax.custom_vjp
+def vjp_spike(v):
+    """Heaviside spike with a fast-sigmoid surrogate, written with custom_vjp as many libraries do."""
+    return (v > 0).astype(v.dtype)
+
+
+def _vjp_spike_fwd(v):
+    return vjp_spike(v), v
+
+
+def _vjp_spike_bwd(v, g):
+    return (g / (1.0 + 4.0 * jnp.abs(v)) ** 2,)
+
+
+vjp_spike.defvjp(_vjp_spike_fwd, _vjp_spike_bwd)
+
+
+class CustomLeaky(brainstate.nn.Module):
+    """Leaky unit whose recurrence passes through ``fn`` (a custom_jvp / custom_vjp function)."""
+
+    def __init__(self, size, fn, tau=4.0):
+        super().__init__()
+        self.size, self.fn, self.alpha = size, fn, float(np.exp(-1.0 / tau))
+
+    def init_state(self, batch_size=None, **kwargs):
+        shape = (self.size,) if batch_size is None else (batch_size, self.size)
+        self.v = brainstate.HiddenState(jnp.zeros(shape))
+
+    def update(self, current):
+        self.v.value = self.fn(self.alpha * self.v.value + (1.0 - self.alpha) * current)
+        return jnp.tanh(self.v.value)
+
+
+class VjpLIF(brainstate.nn.Module):
+    """Our LIF, with the spike written as a custom_vjp."""
+
+    def __init__(self, size, tau=5.0, v_th=1.0):
+        super().__init__()
+        self.size, self.alpha, self.v_th = size, float(np.exp(-1.0 / tau)), v_th
+
+    def init_state(self, batch_size=None, **kwargs):
+        shape = (self.size,) if batch_size is None else (batch_size, self.size)
+        self.V = brainstate.HiddenState(jnp.zeros(shape))
+
+    def update(self, current):
+        v = self.V.value
+        v = self.alpha * (v - self.v_th * vjp_spike(v - self.v_th)) + current
+        self.V.value = v
+        return vjp_spike(v - self.v_th)
+
+
+def custom_leaky_net(fn, **kw):
+    return make(Stack(lambda n: CustomLeaky(n, fn), gain=1.0, **kw))
+
+
+def vjp_lif_net(**kw):
+    return make(Stack(VjpLIF, **kw))
+
+
+# --- weights written without streamtrace.nn.ops ---------------------------------------------------
+
+class BrainstateLinearNet(brainstate.nn.Module):
+    """brainstate.nn.Linear input -> one of our neuron groups -> brainstate.nn.Linear readout."""
+
+    def __init__(self, neuron, n_in=3, n_hidden=5, n_out=2, gain=3.0):
+        super().__init__()
+        self.inp = brainstate.nn.Linear(n_in, n_hidden)
+        w = self.inp.weight.value   # a non-zero bias, so its gradient is tested too
+        self.inp.weight.value = dict(w, bias=0.1 * jax.random.normal(jax.random.PRNGKey(7), w["bias"].shape))
+        self.cell = neuron(n_hidden)
+        self.out = brainstate.nn.Linear(n_hidden, n_out)
+        self.gain = gain
+
+    def update(self, x):
+        return self.out(self.cell(self.inp(x) * self.gain))
+
+
+class PlainGainNet(brainstate.nn.Module):
+    """Plain jax: per-neuron input gain ``x * g`` and a plain ``x @ W + b``, no marked ops."""
+
+    def __init__(self, n_in=3, n_hidden=5, n_out=2, seed=0):
+        super().__init__()
+        k1, k2, k3 = jax.random.split(jax.random.PRNGKey(seed), 3)
+        self.W = brainstate.ParamState(jax.random.normal(k1, (n_in, n_hidden)) / np.sqrt(n_in))
+        self.b = brainstate.ParamState(jnp.zeros(n_hidden))
+        self.g = brainstate.ParamState(1.0 + 0.2 * jax.random.normal(k2, (n_hidden,)))
+        self.cell = nn.LeakyRate(n_hidden, tau=4.0)
+        self.R = brainstate.ParamState(jax.random.normal(k3, (n_hidden, n_out)) / np.sqrt(n_hidden))
+
+    def update(self, x):
+        h = self.cell((x @ self.W.value + self.b.value) * self.g.value)
+        return h @ self.R.value
+
+
+class JitVjpLIF(VjpLIF):
+    """VjpLIF with its state update inside a nested jax.jit (a custom_vjp inside a call)."""
+
+    def update(self, current):
+        v = jax.jit(lambda v, c: self.alpha * (v - self.v_th * vjp_spike(v - self.v_th)) + c)(self.V.value, current)
+        self.V.value = v
+        return vjp_spike(v - self.v_th)

@@ -2,12 +2,12 @@
 from .algorithm import ETraceVjpAlgorithm
 from .d_rtrl import D_RTRL
 from .data import MultiStepData, SingleStepData
-from .errors import CompileError
+from .errors import CompileError, CompileWarning
 from .es_d_rtrl import ES_D_RTRL, pp_prop
 from .graph import Decision, ETraceGraph, HiddenGroup, WeightRelation, compile_graph
 from .rtrl import RTRL
 from .signals import Chain, KappaFilter, LearningSignal, RandomFeedback
 
-__all__ = ["compile_graph", "ETraceGraph", "HiddenGroup", "WeightRelation", "Decision", "CompileError",
+__all__ = ["compile_graph", "ETraceGraph", "HiddenGroup", "WeightRelation", "Decision", "CompileError", "CompileWarning",
            "ETraceVjpAlgorithm", "D_RTRL", "ES_D_RTRL", "pp_prop", "RTRL", "SingleStepData",
            "MultiStepData", "LearningSignal", "Chain", "RandomFeedback", "KappaFilter"]

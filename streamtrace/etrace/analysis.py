@@ -16,6 +16,7 @@ import numpy as np
 from jax.extend.core import Literal
 
 from .errors import CompileError
+from .custom_rules import function_name, is_custom, tangent_jaxpr
 from .interpreter import CALL_PRIMITIVES, marked_kind
 
 __all__ = ["DIAG", "DENSE", "StepAnalysis", "analyze"]
@@ -184,14 +185,11 @@ def analyze(jaxpr, in_deps: dict, *, cut: dict | None = None, top_level: bool = 
                 put(v, {})
             continue
 
-        if name in ELEMENTWISE or name.startswith("custom_jvp_call") or name.startswith("custom_vjp_call"):
-            # custom_jvp / custom_vjp functions (e.g. surrogate spikes) are treated as opaque
-            # element-wise maps when every operand has the output's shape.
-            if name.startswith("custom"):
-                sub = eqn.params.get("call_jaxpr") or eqn.params.get("fun_jaxpr")
-                if sub is not None and _contains_marked(getattr(sub, "jaxpr", sub)):
-                    raise CompileError("a weight op is called inside a custom_jvp/custom_vjp function; "
-                                       "call it in update() directly")
+        if is_custom(eqn):
+            _custom_call(eqn, get, put, through_ops)
+            continue
+
+        if name in ELEMENTWISE:
             # select_n's predicate has zero derivative
             invars = eqn.invars[1:] if name == "select_n" else eqn.invars
             for ov, oshape in zip(eqn.outvars, out_shapes):
@@ -220,3 +218,45 @@ def _dense(d, why):
     out = {}
     _merge(out, d, why)
     return out
+
+
+def _custom_call(eqn, get, put, through_ops):
+    """A custom_jvp / custom_vjp function: element-wise only where proven so. Both the
+    function itself and the derivative rule it defines (the one every algorithm and jax.grad
+    use) are analysed; an output mixes neurons if either mixes them."""
+    from jax.extend.core import Jaxpr
+    sub = eqn.params.get("call_jaxpr") or eqn.params.get("fun_jaxpr")
+    sub = getattr(sub, "jaxpr", sub)
+    if isinstance(sub, Jaxpr) and _contains_marked(sub):
+        raise CompileError("a weight op is called inside a custom_jvp/custom_vjp function; "
+                           "call it in update() directly")
+    outer = [get(v) for v in eqn.invars]
+    if not any(outer):  # depends on no source (also ends the recursion into rules that call themselves)
+        for ov in eqn.outvars:
+            put(ov, {})
+        return
+    label = f"{eqn.primitive.name.split('_call')[0]} function '{function_name(eqn)}'"
+    closed, t_in, t_out = tangent_jaxpr(eqn)
+    rule = analyze(closed.jaxpr, {tv: d for tv, d in zip(t_in, outer) if tv is not None},
+                   top_level=False, through_ops=through_ops)
+    prim = None
+    if isinstance(sub, Jaxpr):
+        prim = analyze(sub, dict(zip(sub.invars, outer)), top_level=False, through_ops=through_ops)
+
+    def relabel(deps, what):
+        out = {}
+        for src, (kind, why) in deps.items():
+            known = {w for d in outer for s, (k, w) in d.items() if s == src and k == DENSE}
+            if kind == DENSE and why not in known:
+                why = f"{label} (its {what} mixes neurons: {why})"
+            out[src] = (kind, why)
+        return out
+
+    for k, ov in enumerate(eqn.outvars):
+        d = {}
+        tv = t_out[k]
+        _merge(d, relabel({} if isinstance(tv, Literal) else rule.deps.get(tv, {}), "derivative rule"))
+        if prim is not None:
+            pv = sub.outvars[k]
+            _merge(d, relabel({} if isinstance(pv, Literal) else prim.deps.get(pv, {}), "function"))
+        put(ov, d)

@@ -7,3 +7,8 @@ class CompileError(ValueError):
     Raised at compile time, naming the state or weight at fault and what to change, so that
     no model ever runs with silently wrong gradients.
     """
+
+
+class CompileWarning(UserWarning):
+    """The model compiles, but some parameter learns from an approximate gradient
+    (``ETraceGraph.explain()`` says which and why)."""

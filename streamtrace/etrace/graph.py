@@ -2,6 +2,7 @@
 instant parameters, and a recorded reason for every decision."""
 from __future__ import annotations
 
+import warnings as _warnings
 from dataclasses import dataclass, field
 
 import jax
@@ -9,9 +10,10 @@ import numpy as np
 from jax.extend.core import Literal
 
 from .analysis import DENSE, DIAG, analyze
-from .errors import CompileError
+from .errors import CompileError, CompileWarning
 from .interpreter import eval_jaxpr
 from .model_fn import ModelFunction
+from .recognise import mark_plain_weights
 
 __all__ = ["compile_graph", "ETraceGraph", "HiddenGroup", "WeightRelation", "Decision"]
 
@@ -80,6 +82,7 @@ class ETraceGraph:
     relations: list
     instant_params: tuple
     decisions: list = field(default_factory=list)
+    warnings: list = field(default_factory=list)   # also in the decisions' reasons (explain())
 
     # -- names -------------------------------------------------------------------------
     @property
@@ -151,12 +154,33 @@ class ETraceGraph:
         return "\n".join(lines + [self.explain()])
 
 
+class _Unrecognise(Exception):
+    """A plain weight op recognised by ``mark_plain_weights`` that cannot carry a trace."""
+
+    def __init__(self, name, why):
+        self.name, self.why = name, why
+
+
 def compile_graph(model, *example_args) -> ETraceGraph:
     """Trace one step of ``model.update(*example_args)`` and decide how each weight learns.
 
     The model's hidden states must be initialised (``brainstate.nn.init_all_states``).
     Raises CompileError for models the algorithms cannot handle correctly.
     """
+    skip, notes = set(), []
+    while True:
+        try:
+            return _compile(model, example_args, frozenset(skip))
+        except _Unrecognise as e:   # leave that one a plain parameter (warned about below)
+            skip.add(e.name)
+            notes.append(f"parameter '{e.name}' is used as a plain weight op but cannot carry a trace: {e.why}")
+        except CompileError as e:
+            if not notes:
+                raise
+            raise CompileError(f"{e} (Also: {'; '.join(notes)}.)") from None
+
+
+def _compile(model, example_args, skip) -> ETraceGraph:
     mf = ModelFunction(model)
     params, hidden = mf.param_values(), mf.hidden_values()
     closed, out_shape = jax.make_jaxpr(mf, return_shape=True)(params, hidden, *example_args)
@@ -188,6 +212,13 @@ def compile_graph(model, *example_args) -> ETraceGraph:
     hidden_idx = {n: i for i, n in enumerate(mf.hidden_names)}
     in_deps = {v: {("h", hidden_idx[n]): (DIAG, None)}
                for (k, n), v in zip(in_layout, jaxpr.invars) if k == "h"}
+    # plain x @ W (+ b) / x * w on a parameter become marked ops (brainstate layers, plain jax)
+    jaxpr, recognised = mark_plain_weights(jaxpr, {v for v, n in var_param.items() if n not in skip})
+    recognised = {var_param[v]: how for v, how in recognised.items()}
+
+    def unless_recognised(name, why):
+        if name in recognised:
+            raise _Unrecognise(name, why)
     res = analyze(jaxpr, in_deps, param_names=var_param)
     decisions: list[Decision] = []
     H = mf.hidden_names
@@ -268,6 +299,8 @@ def compile_graph(model, *example_args) -> ETraceGraph:
             dense = [(H[i], why) for i, (kind, why) in targets.items() if kind == DENSE]
             if dense:
                 h, why = dense[0]
+                unless_recognised(wname, f"its output reaches hidden state '{h}' through `{why}`, which is not "
+                                         "element-wise")
                 raise CompileError(
                     f"weight '{label}': its output reaches hidden state '{h}' through `{why}`, which is not "
                     "element-wise. Each output unit of a weight op must drive only its own neuron's states "
@@ -275,6 +308,7 @@ def compile_graph(model, *example_args) -> ETraceGraph:
             gs = sorted({group_of[i][0] for i in targets})
             if len(gs) > 1:
                 names = [groups[g].name for g in gs]
+                unless_recognised(wname, f"it drives two hidden groups ({names[0]} and {names[1]})")
                 raise CompileError(
                     f"weight '{label}' drives two hidden groups ({names[0]} and {names[1]}); one weight op "
                     "may feed one hidden group only. Split it into one op per group.")
@@ -286,6 +320,8 @@ def compile_graph(model, *example_args) -> ETraceGraph:
                         "update() rather than read from a ParamState; pass the ParamState's value directly "
                         "so its eligibility trace has a parameter to update.")
             if tuple(op.y.aval.shape) != groups[group].shape:
+                unless_recognised(wname, f"its output shape {tuple(op.y.aval.shape)} differs from its hidden "
+                                         f"group's shape {groups[group].shape}")
                 raise CompileError(f"weight '{label}': output shape {tuple(op.y.aval.shape)} differs from its "
                                    f"hidden group's shape {groups[group].shape}")
         rel = WeightRelation(op.index, op.kind, wname, bname, tuple(op.x.aval.shape),
@@ -315,18 +351,31 @@ def compile_graph(model, *example_args) -> ETraceGraph:
                     "compute the output from the updated state")
             if src[0] == "y" and relations[src[1]].traced:
                 r = relations[src[1]]
+                unless_recognised(r.weight, "the model output depends on it other than through the new state")
                 raise CompileError(
                     f"the model output depends on weight '{r.weight}' other than through the new value of "
                     f"hidden group '{groups[r.group].name}'; compute the output from the updated state "
                     "(spiking layers: apply the reset at the start of the next step)")
 
     # --- instant ops whose output still reaches a hidden state, through another op's input
-    full = analyze(jaxpr, in_deps, param_names=var_param, through_ops=True)
-    indirect = {}
+    # (parameters as sources too: which plain parameters change a hidden state)
+    p_deps = {v: {("p", n): (DIAG, None)} for v, n in var_param.items()}
+    full = analyze(jaxpr, {**in_deps, **p_deps}, param_names=var_param, through_ops=True)
+    indirect, reaches, feeds = {}, {}, {}
     for i, v in enumerate(hidden_outvars):
         for src, (_, why) in ({} if isinstance(v, Literal) else full.deps.get(v, {})).items():
             if src[0] == "y" and not relations[src[1]].traced:
                 indirect.setdefault(src[1], (H[i], why))
+            elif src[0] == "p":
+                reaches.setdefault(src[1], H[i])
+            # another group's state (old, or new within the step) or a traced op's output
+            # reaching this state: the traces of that group's weights miss this path
+            gi = group_of[i][0]
+            if src[0] == "h" and group_of[src[1]][0] != gi:
+                feeds.setdefault(group_of[src[1]][0], groups[gi].name)
+            elif src[0] == "y" and relations[src[1]].traced and relations[src[1]].group != gi:
+                feeds.setdefault(relations[src[1]].group, groups[gi].name)
+    warns = []
 
     for r in relations:
         shape = f"{r.kind}, x{r.x_shape} -> y{r.y_shape}"
@@ -334,6 +383,14 @@ def compile_graph(model, *example_args) -> ETraceGraph:
             g = groups[r.group]
             verdict = f"eligibility trace ({shape}) into group '{g.name}' (S={g.size})"
             reason = "its output drives that group element-wise; paths through other weight ops are cut"
+            if r.weight in recognised:
+                reason += f" (recognised from a plain {recognised[r.weight]} on the parameter)"
+            if r.group in feeds:
+                w = (f"WARNING: group '{g.name}' feeds hidden group '{feeds[r.group]}' on the way to the loss; "
+                     "the trace keeps no history of that path, so D-RTRL's gradient for this weight is "
+                     "approximate (exact: a readout without state, e.g. Linear, or exact RTRL)")
+                reason += "; " + w
+                warns.append(f"weight '{r.weight}': {w}")
         elif r.index in indirect:
             h, via = indirect[r.index]
             verdict = f"one-step gradient ({shape})"
@@ -351,12 +408,19 @@ def compile_graph(model, *example_args) -> ETraceGraph:
         if any(d.name == n for d in decisions):
             continue
         used = sorted({u[2] for u in uses[n]}) or ["nothing"]
-        decisions.append(Decision("param", n, "instant",
-                                  f"used outside weight ops ({', '.join(used)}); it gets the one-step "
-                                  "gradient dL_t/dtheta by backprop through the step (history paths cut)"))
+        reason = (f"used outside weight ops ({', '.join(used)}); it gets the one-step "
+                  "gradient dL_t/dtheta by backprop through the step (history paths cut)")
+        if n in reaches:
+            w = (f"WARNING: it changes hidden state '{reaches[n]}', so the one-step gradient misses its effect "
+                 "through the state's history. For an eligibility trace use it in one weight op: "
+                 "streamtrace.nn.ops.matmul / elementwise, or plain x @ W (+ b) / x * w, used once")
+            reason += "; " + w
+            warns.append(f"parameter '{n}': {w}")
+            _warnings.warn(f"streamtrace: parameter '{n}': {w.split(': ', 1)[1]}", CompileWarning, stacklevel=3)
+        decisions.append(Decision("param", n, "instant", reason))
 
     return ETraceGraph(mf, jaxpr, list(closed.consts), in_layout, args_treedef, out_treedef, out_tree, n_out,
-                       hidden_outvars, hshape, groups, relations, instant, decisions)
+                       hidden_outvars, hshape, groups, relations, instant, decisions, warns)
 
 
 def _lookup(table, v):

@@ -11,6 +11,7 @@ from typing import Callable
 from jax.extend.core import Literal
 
 from ..nn.ops import MARKED_OPS
+from .custom_rules import bind_eqn, forward_differentiable, is_custom
 
 __all__ = ["eval_jaxpr", "marked_kind", "CALL_PRIMITIVES"]
 
@@ -53,22 +54,34 @@ def eval_jaxpr(jaxpr, consts, args, *, op_hook: Callable | None = None,
     op_index = 0
     for eqn in jaxpr.eqns:
         invals = [read(v) for v in eqn.invars]
-
-        def bind(eqn=eqn, invals=invals):
-            params = eqn.primitive.get_bind_params(eqn.params)
-            if isinstance(params, tuple):  # older jax: (subfuns, params)
-                subfuns, params = params
-                invals = [*subfuns, *invals]
-            with eqn.ctx.manager:
-                return eqn.primitive.bind(*invals, **params)
+        bind = lambda eqn=eqn, invals=invals: bind_eqn(eqn, invals)
 
         if op_hook is not None and marked_kind(eqn) is not None:
             outs = [op_hook(op_index, eqn, invals, lambda: bind()[0])]
             op_index += 1
+        elif is_custom(eqn) == "vjp":
+            # forward-mode derivatives of the step (D, F, RTRL's Jacobians) need this
+            outs = forward_differentiable(eqn)(*invals)
+        elif _holds_custom_vjp(eqn):
+            sub = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
+            outs = eval_jaxpr(sub.jaxpr, sub.consts, invals)
         else:
             outs = bind()
-            if not eqn.primitive.multiple_results:
-                outs = [outs]
         for v, val in zip(eqn.outvars, outs):
             write(v, val)
     return [read(v) for v in jaxpr.outvars]
+
+
+def _holds_custom_vjp(eqn) -> bool:
+    """A call (nested jit) with a custom_vjp function somewhere inside."""
+    if eqn.primitive.name not in CALL_PRIMITIVES or is_custom(eqn):
+        return False
+    sub = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
+    if not hasattr(sub, "consts"):
+        return False
+    from jax.extend.core import jaxprs_in_params
+
+    def walk(j):
+        return any(is_custom(e) == "vjp" or any(walk(getattr(s, "jaxpr", s)) for s in jaxprs_in_params(e.params))
+                   for e in j.eqns)
+    return walk(sub.jaxpr)

@@ -11,6 +11,7 @@ import math
 
 import brainstate
 import jax.numpy as jnp
+import numpy as np
 
 from . import ops
 from ._init import key_or_new, uniform, zeros_state
@@ -19,10 +20,19 @@ from .surrogate import spike
 __all__ = ["LIF", "ALIF", "LeakyRate", "LeakyRateReadout"]
 
 
-def _decay(tau: float) -> float:
-    if tau <= 0:
-        raise ValueError(f"time constant must be positive; got tau={tau}")
-    return math.exp(-1.0 / tau)
+def _decay(tau, size: int | None = None):
+    """exp(-1/tau): a float, or one value per neuron when tau is a sequence of ``size`` values
+    (a spread of time constants gives a group memory at several time scales)."""
+    if np.ndim(tau) == 0:
+        if not tau > 0:
+            raise ValueError(f"time constant must be positive; got tau={tau}")
+        return math.exp(-1.0 / float(tau))
+    tau = np.asarray(tau, dtype=np.float64)
+    if tau.ndim != 1 or (size is not None and tau.shape[0] != size):
+        raise ValueError(f"per-neuron time constants must have shape ({size},); got {tau.shape}")
+    if not np.all(tau > 0):
+        raise ValueError(f"time constants must be positive; got min {tau.min()}")
+    return np.exp(-1.0 / tau).astype(jnp.result_type(float))
 
 
 class LIF(brainstate.nn.Module):
@@ -31,7 +41,7 @@ class LIF(brainstate.nn.Module):
     def __init__(self, size: int, tau: float = 10.0, v_th: float = 1.0):
         super().__init__()
         self.size = size
-        self.alpha, self.v_th = _decay(tau), v_th
+        self.alpha, self.v_th = _decay(tau, size), v_th
 
     def init_state(self, batch_size=None, **kwargs):
         self.V = zeros_state(self.size, batch_size)
@@ -50,7 +60,7 @@ class ALIF(brainstate.nn.Module):
     def __init__(self, size: int, tau: float = 10.0, tau_a: float = 100.0, v_th: float = 1.0, beta: float = 0.5):
         super().__init__()
         self.size = size
-        self.alpha, self.rho = _decay(tau), _decay(tau_a)
+        self.alpha, self.rho = _decay(tau, size), _decay(tau_a, size)
         self.v_th, self.beta = v_th, beta
 
     def init_state(self, batch_size=None, **kwargs):
@@ -72,7 +82,7 @@ class LeakyRate(brainstate.nn.Module):
     def __init__(self, size: int, tau: float = 5.0):
         super().__init__()
         self.size = size
-        self.alpha = _decay(tau)
+        self.alpha = _decay(tau, size)
 
     def init_state(self, batch_size=None, **kwargs):
         self.v = zeros_state(self.size, batch_size)
