@@ -305,7 +305,13 @@ class EngineCore:
     def stats_message(self) -> bytes:
         snap = self.metrics.snapshot(len(self.streams), len(self.free))
         learner = self.learner.stats()
-        snap["learner"] = {k: v for k, v in learner.items() if k != "prequential_loss"}
+        snap["learner"] = {k: v for k, v in learner.items() if k not in ("prequential_loss", "metrics")}
+        # rolling prequential metrics (user units, time constant metrics.window) per stream
+        m = learner["metrics"]
+        snap["stream_metrics"] = {name: {k: (int(m[k][st.slot]) if k == "n" else float(m[k][st.slot]))
+                                         for k in ("mse", "mae", "nrmse", "n")}
+                                  for name, st in self.streams.items()}
+        self.metrics.quality(snap["stream_metrics"])
         snap["version"] = self.version
         return wire.encode({"type": "stats", **snap})
 

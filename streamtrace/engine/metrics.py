@@ -43,6 +43,19 @@ class Metrics:
             old = self.stream_loss.get(stream)
             self.stream_loss[stream] = value if old is None else (1 - alpha) * old + alpha * value
 
+    def quality(self, per_stream: dict):
+        """Rolling prequential metrics per stream into Prometheus (gauges of gone streams removed)."""
+        if not self._prom:
+            return
+        g = self._prom["quality"]
+        for name in self._prom_streams - set(per_stream):
+            for metric in ("mse", "mae", "nrmse"):
+                g.remove(name, metric)
+        for name, vals in per_stream.items():
+            for metric in ("mse", "mae", "nrmse"):
+                g.labels(name, metric).set(vals[metric])
+        self._prom_streams = set(per_stream)
+
     def snapshot(self, streams: int, slots_free: int) -> dict:
         now = time.monotonic()
         t_prev, n_prev = self._last
@@ -71,7 +84,11 @@ class Metrics:
                                     registry=reg),
             "rate": pc.Gauge("streamtrace_steps_per_second", "accepted steps per second", registry=reg),
             "streams": pc.Gauge("streamtrace_streams", "connected streams", registry=reg),
+            "quality": pc.Gauge("streamtrace_stream_quality", "rolling prequential error per stream "
+                                "(user units; time constant metrics.window steps)", ["stream", "metric"],
+                                registry=reg),
         }
+        self._prom_streams = set()
         for name, v in self.counters.items():
             if v:
                 self._prom["counter"].labels(name).inc(v)
