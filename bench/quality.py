@@ -29,13 +29,38 @@ from streamtrace.tasks import Task, TaskError, get_task  # noqa: E402
 
 # ---- streamtrace configs: TOML-equivalent dicts; model.n_in / n_out / learning.mode come from the
 # task. Add new configs here (any key `serve` accepts); None = evaluate.default_config(task).
+_RES = {"stack": "reservoir", "precision": 64}
+_FROZEN_RLS = {"readout": {"kind": "rls"}, "learning": {"optimizer": "frozen"}}
 CONFIGS = {
+    # the documented default: 200-unit float64 reservoir, normalise + residual, RLS (two ridges)
     "default": None,
-    "gru-32 d-rtrl": {"model": {"stack": "gru", "n_hidden": 32},
-                      "learning": {"algorithm": "d-rtrl", "lr": 1e-3}},
-    "gru-64 d-rtrl": {"model": {"stack": "gru", "n_hidden": 64},
-                      "learning": {"algorithm": "d-rtrl", "lr": 1e-3}},
+    "reservoir-300": {"model": {**_RES, "n_hidden": 300}, "signal": {"normalise": True, "residual": True},
+                      **_FROZEN_RLS},
+    # reservoirpy's best size on Mackey-Glass, one ridge
+    "reservoir-500": {"model": {**_RES, "n_hidden": 500}, "signal": {"normalise": True, "residual": True},
+                      "readout": {"kind": "rls", "delta": 1e-8}, "learning": {"optimizer": "frozen"}},
+    # tuned for NARMA-10 (small input scaling on the raw u in [0, 0.5], radius 0.95): supervised
+    "reservoir-300 narma": {"model": {**_RES, "n_hidden": 300},
+                            "reservoir": {"input_scaling": 0.05, "spectral_radius": 0.95}, **_FROZEN_RLS},
+    # the hybrid: the same 200-unit reservoir, its weights learning through D-RTRL traces from
+    # the RLS readout's error, beside the fixed one (default)
+    "hybrid-200 d-rtrl": {"model": {**_RES, "n_hidden": 200}, "signal": {"normalise": True, "residual": True},
+                          "readout": {"kind": "rls"}, "learning": {"algorithm": "d-rtrl", "optimizer": "sgd",
+                                                                   "lr": 1e-4}},
+    "gru-32 d-rtrl norm+res": {"model": {"stack": "gru", "n_hidden": 32},
+                               "signal": {"normalise": True, "residual": True},
+                               "learning": {"algorithm": "d-rtrl", "lr": 1e-3}},
+    "gru-32 d-rtrl (raw)": {"model": {"stack": "gru", "n_hidden": 32},
+                            "learning": {"algorithm": "d-rtrl", "lr": 1e-3}},
+    "lif-256 d-rtrl norm": {"model": {"factory": "quality_models:lif256"}, "signal": {"normalise": True},
+                            "learning": {"algorithm": "d-rtrl", "lr": 3e-4}},
+    "alif-256 d-rtrl norm": {"model": {"factory": "quality_models:alif256"}, "signal": {"normalise": True},
+                             "learning": {"algorithm": "d-rtrl", "lr": 3e-4}},
 }
+# configs that only make sense on some tasks (a single-channel spiking factory, a residual forecast)
+ONLY_ON = {"lif-256 d-rtrl norm": {"mackey-glass"}, "alif-256 d-rtrl norm": {"mackey-glass"},
+           "reservoir-300 narma": {"narma10"}}
+SKIP_ON = {"narma10": {"reservoir-300", "reservoir-500", "hybrid-200 d-rtrl", "gru-32 d-rtrl norm+res"}}
 
 TASKS = ["mackey-glass", "narma10", "co2", "sunspots"]
 REAL = {"co2", "sunspots"}        # measured series in raw units: peers get causal standardisation
@@ -148,6 +173,8 @@ def run(tasks, seeds, steps, window, quick, only, log):
         rows.append(_median_row(name, "persistence", {}, per))
         if only is None or "streamtrace" in only:
             for label, cfg in CONFIGS.items():
+                if name not in ONLY_ON.get(label, {name}) or label in SKIP_ON.get(name, ()):
+                    continue
                 res = []
                 for s, t in streams.items():
                     res.append(evaluate(t, cfg, window=window, seed=s, label=label))

@@ -125,7 +125,7 @@ def default_config(task: Task) -> dict:
     return {
         "model": {"stack": "reservoir", "n_in": task.n_in, "n_hidden": 200, "n_out": task.n_out,
                   "precision": 64},
-        "signal": {"normalise": True, "residual": task.mode == "forecast"},
+        "signal": {"normalise": True, "normalise_rate": 0.003, "residual": task.mode == "forecast"},
         "readout": {"kind": "rls"},
         "learning": {"mode": task.mode, "optimizer": "frozen"},
     }
