@@ -54,16 +54,18 @@ def reservoir_step(params, h, z):
     return np.tanh(z @ W_in + b + h @ W)
 
 
-@pytest.mark.parametrize("with_transform", [False, True], ids=["plain", "normalise-residual"])
-def test_multi_step_rollout_equals_numpy_rollout(x64, with_transform):
-    """A frozen reservoir + RLS forecasting channel 0 of 2 channels four steps ahead: each
+@pytest.mark.parametrize("with_transform, ch", [(False, 0), (True, 0), (True, 1)],
+                         ids=["plain", "normalise-residual", "normalise-residual-channel-1"])
+def test_multi_step_rollout_equals_numpy_rollout(x64, with_transform, ch):
+    """A frozen reservoir + RLS forecasting channel ch of 2 channels four steps ahead: each
     prediction equals a numpy rollout from the stored hidden state, the readout W and the
-    reservoir weights, feeding each prediction back as channel 0 and holding channel 1."""
+    reservoir weights, feeding each prediction back as channel ch and holding the other."""
     H, warmup = 4, 10
     xs = two_channels(T=60, dtype=np.float64) * [1.0, 0.05] + [3.0, 0.0]
+    xs = xs if ch == 0 else xs[:, ::-1].copy()
     transform = st.chain(st.normalise(warmup=warmup), st.residual()) if with_transform else None
     L = st.OnlineLearner(nn.Reservoir(2, 12, seed=3, leak=1.0), np.zeros(2), optimizer="frozen",
-                         mode=st.Forecast(channels=(0,), horizon=H), readout=st.rls(delta=1e-3), transform=transform)
+                         mode=st.Forecast(channels=(ch,), horizon=H), readout=st.rls(delta=1e-3), transform=transform)
     params = L.params
     checked = 0
     for t, x in enumerate(xs):
@@ -86,10 +88,11 @@ def test_multi_step_rollout_equals_numpy_rollout(x64, with_transform):
             z = (xi - mean) / scale
             h = reservoir_step(params, h, z)
             y = np.concatenate([h, z, [1.0]]) @ W
-            y = xi[0] + scale[0] * y if with_transform else y     # residual, in user units
+            y = xi[ch] + scale[ch] * y if with_transform else y     # residual, in user units
             # (the normaliser's scale is float32 inside: ~1e-9 relative)
             np.testing.assert_allclose(pred[k], y, rtol=1e-7 if with_transform else 1e-10, atol=1e-10)
-            xi = np.array([y[0], xi[1]])
+            xi = xi.copy()
+            xi[ch] = y[0]
         checked += 1
         assert np.array_equal(s_before["pending.x"][0], xs[t - 1])
     assert checked >= 4

@@ -74,14 +74,16 @@ def test_prediction_is_made_before_the_update(x64):
         np.testing.assert_allclose(res.loss[0], np.mean((want - ys[t]) ** 2), rtol=1e-6, atol=1e-9)
 
 
-def test_per_slot_readouts_are_independent(x64):
-    """Two streams through one frozen reservoir; slot 1 is idle on some steps: each slot's
-    readout and predictions equal those of a 1-slot learner fed only that slot's samples."""
+@pytest.mark.parametrize("shared", [True, False], ids=["shared-reservoir", "per-slot-reservoir"])
+def test_per_slot_readouts_are_independent(x64, shared):
+    """Two streams through a frozen reservoir (one shared, or one per slot); slot 1 is idle on
+    some steps: each slot's readout and predictions equal those of a 1-slot learner fed only
+    that slot's samples."""
     xs0, ys0 = data(seed=0)
     xs1, ys1 = data(seed=1)
     active = np.ones((T, 2), bool)
     active[[3, 4, 20, 41], 1] = False
-    L = frozen_learner(delta=1e-4, slots=2)
+    L = frozen_learner(delta=1e-4, slots=2, shared_weights=shared)
     solo = [frozen_learner(delta=1e-4), frozen_learner(delta=1e-4)]
     for t in range(T):
         res = L.step(np.stack([xs0[t], xs1[t]]), np.stack([ys0[t], ys1[t]]), active=active[t])
@@ -90,12 +92,14 @@ def test_per_slot_readouts_are_independent(x64):
                 one = solo[i].step(xs[t], ys[t])
                 np.testing.assert_allclose(res.prediction[i], one.prediction, rtol=1e-9, atol=1e-12)
     s = L.state_dict()
+    # per-slot weights keep each slot's 1-slot state under a leading slot axis
+    slot = lambda key, i: s[key][i].reshape(s[key].shape[-2:])
     for i in range(2):
-        np.testing.assert_allclose(s["readout.W"][i], solo[i].state_dict()["readout.W"][0], rtol=1e-9, atol=1e-12)
-        np.testing.assert_allclose(s["readout.P"][i], solo[i].state_dict()["readout.P"][0], rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(slot("readout.W", i), solo[i].state_dict()["readout.W"][0], rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(slot("readout.P", i), solo[i].state_dict()["readout.P"][0], rtol=1e-9, atol=1e-12)
     # and slot 1's readout is the ridge solution on its own accepted samples
-    R1 = features(L.params, xs1[active[:, 1]])
-    np.testing.assert_allclose(s["readout.W"][1], ridge(R1, ys1[active[:, 1]], 1e-4), rtol=1e-6, atol=1e-8)
+    R1 = features(solo[1].params, xs1[active[:, 1]])
+    np.testing.assert_allclose(slot("readout.W", 1), ridge(R1, ys1[active[:, 1]], 1e-4), rtol=1e-6, atol=1e-8)
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
