@@ -160,3 +160,30 @@ def test_bad_settings_are_refused():
         st.normalise(rate=1.0)
     with pytest.raises(ValueError, match="eps"):
         st.normalise(eps=0.0)
+
+
+def test_reset_slot_gives_a_fresh_normaliser_readout_and_metrics():
+    """A new stream in slot 1 starts from nothing (own warm-up, empty readout, no metrics);
+    slot 0 is untouched."""
+    L = st.OnlineLearner(nn.Reservoir(1, 8, seed=0), np.zeros(1, np.float32), mode="forecast", slots=2,
+                         optimizer="frozen", readout=st.rls(), transform=st.normalise(warmup=5))
+    xs = (np.sin(0.3 * np.arange(20))[:, None, None] * [[5.0], [9.0]] + 2).astype(np.float32)
+    for x in xs:
+        L.step(x)
+    before = L.state_dict()
+    L.reset_slot(1)
+    after, m = L.state_dict(), L.stats()["metrics"]
+    for k, v in after.items():
+        if v.ndim and v.shape[0] == 2 and not k.startswith("params."):
+            assert np.array_equal(v[0], before[k][0], equal_nan=True), k
+    assert norm(after, "n")[1] == 0 and not np.any(after["readout.W"][1])
+    np.testing.assert_array_equal(after["readout.P"][1], np.eye(10) / 1e-4)
+    assert m["n"][1] == 0 and np.isnan(m["mse"][1]) and m["n"][0] == 19
+    L.step(np.array([[1.0], [123.0]], np.float32))
+    np.testing.assert_allclose(norm(L.state_dict(), "x.mean")[1], [123.0])
+
+
+def test_residual_needs_forecast_mode():
+    with pytest.raises(ValueError, match="forecast mode"):
+        st.OnlineLearner(nn.Stack("gru", n_in=1, n_hidden=4, n_out=1), np.zeros(1, np.float32),
+                         transform=st.chain(st.normalise(), st.residual()))

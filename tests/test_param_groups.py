@@ -114,3 +114,21 @@ def test_state_dict_names_are_readable_and_round_trip():
     L.load_state_dict(s)
     assert np.array_equal(L.params["cell.n.b"], np.full(8, 0.25, np.float32))
     assert np.array_equal(L.params["out.W"], s["params.readout.out.W"])
+
+
+def test_groups_with_the_same_optimizer_equal_one_group_with_learn_every_and_clip(x64):
+    """Adam is element-wise and clipping takes the global norm over all groups together, so
+    splitting the weights into groups with the same settings changes nothing, also when
+    gradients are summed over learn_every steps."""
+    xs = signal(dtype=np.float64)
+    kw = dict(mode="forecast", learn_every=3, clip=0.05)
+    plain = st.OnlineLearner(gru(), np.zeros(1), optimizer=optax.adam(2e-2), **kw)
+    grouped = st.OnlineLearner(gru(), np.zeros(1), **kw, optimizer=st.param_groups(
+        readout=("out.*", optax.adam(2e-2)), rest=("*", optax.adam(2e-2))))
+    for x in xs:
+        a, b = plain.step(x), grouped.step(x)
+        assert a.applied == b.applied
+        np.testing.assert_allclose(b.prediction, a.prediction, rtol=1e-10, atol=1e-12)
+    assert plain.stats()["updates"] == grouped.stats()["updates"] == T // 3
+    for k, v in plain.params.items():
+        np.testing.assert_allclose(grouped.params[k], v, rtol=1e-10, atol=1e-12, err_msg=k)

@@ -112,3 +112,15 @@ def test_checkpoint_of_other_quality_settings_is_refused(tmp_path, other, named)
     after = snapshot(M)
     for k in before:
         assert np.array_equal(before[k], after[k], equal_nan=True), k
+
+
+def test_micro_batched_steps_equal_single_steps():
+    """step_many (a scan inside one call) carries the same composite state as single steps."""
+    xs = make_data()[:24]
+    a, b = make_learner(), make_learner()
+    singles = np.stack([a.step(x).prediction for x in xs])
+    batched = np.concatenate([np.stack([r.prediction for r in b.step_many(xs[i:i + 8])]) for i in range(0, 24, 8)])
+    np.testing.assert_allclose(batched, singles, rtol=1e-5, atol=1e-5)
+    sa, sb = a.state_dict(), b.state_dict()
+    for k in sa:
+        np.testing.assert_allclose(sb[k], sa[k], rtol=1e-5, atol=1e-5, err_msg=k)
