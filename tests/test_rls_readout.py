@@ -160,3 +160,35 @@ def test_bad_settings_are_refused():
         st.rls(n_out=0)
     with pytest.raises(ValueError, match="n_out"):    # supervised mode cannot guess the target size
         st.OnlineLearner(nn.Reservoir(1, 4), np.zeros(1, np.float32), readout=st.rls())
+
+
+def test_hybrid_follows_numpy_rtrl_over_many_steps(x64):
+    """Recurrent W set to 0 and frozen, leak 0.6: each unit is a leaky filter of its own input,
+    where D-RTRL is exact RTRL. A numpy RTRL (traces e = (1-a) e + a (1-u^2) d(pre)/d(theta),
+    gradient dL/dh * e with the readout held, sgd) follows the learner's W_in and b over many
+    steps; the readout W before each step is read from the learner (RLS is checked above)."""
+    lr, a, T_ = 0.05, 0.6, 25
+    groups = st.param_groups(rec=("W", None), rest=("*", optax.sgd(lr)))
+    L = st.OnlineLearner(nn.Reservoir(2, 6, seed=4, leak=a), np.zeros(2), optimizer=groups,
+                         readout=st.rls(2, delta=1e-1))
+    s = L.state_dict()
+    s["params.rec.W"] = np.zeros_like(s["params.rec.W"])
+    L.load_state_dict(s)
+    rng = np.random.default_rng(8)
+    xs, ys = rng.uniform(-1, 1, size=(T_, 2)), rng.uniform(-1, 1, size=(T_, 2))
+    W_in, b = L.params["W_in"].copy(), L.params["b"].copy()
+    h, e_in, e_b = np.zeros(6), np.zeros((2, 6)), np.zeros(6)
+    for t in range(T_):
+        W_r = L.state_dict()["readout.W"][0]
+        L.step(xs[t], ys[t])
+        u = np.tanh(xs[t] @ W_in + b)
+        h = (1 - a) * h + a * u
+        e_in = (1 - a) * e_in + a * (1 - u ** 2)[None, :] * xs[t][:, None]
+        e_b = (1 - a) * e_b + a * (1 - u ** 2)
+        pred = np.concatenate([h, xs[t], [1.0]]) @ W_r
+        dh = (2.0 / 2) * (W_r[:6] @ (pred - ys[t]))       # mse over 2 outputs, readout held
+        W_in, b = W_in - lr * dh[None, :] * e_in, b - lr * dh * e_b
+        np.testing.assert_allclose(L.params["W_in"], W_in, rtol=1e-9, atol=1e-12, err_msg=str(t))
+        np.testing.assert_allclose(L.params["b"], b, rtol=1e-9, atol=1e-12, err_msg=str(t))
+    assert np.abs(W_in - s["params.rest.W_in"]).max() > 1e-3     # it did learn
+    np.testing.assert_array_equal(L.params["W"], 0.0)
