@@ -111,3 +111,18 @@ def test_bad_forecast_options_are_refused():
     with pytest.raises(ValueError, match=r"must have shape \(1,\)"):
         st.OnlineLearner(nn.Stack("gru", n_in=2, n_hidden=4, n_out=2), np.zeros(2, np.float32),
                          mode=st.Forecast(channels=[1]))
+
+
+def test_one_transform_object_serves_learners_with_different_channels():
+    """Regression: the transform records the forecast channels when a learner starts; a
+    second learner with other channels must not change what the first one predicts."""
+    xs = np.stack([np.sin(0.3 * np.arange(30)), 100 + 50 * np.cos(0.2 * np.arange(30))], 1).astype(np.float32)
+
+    def make(tf, ch):
+        return st.OnlineLearner(nn.Reservoir(2, 8, seed=0), np.zeros(2, np.float32), optimizer="frozen",
+                                readout=st.rls(), mode=st.Forecast(channels=ch), transform=tf)
+    shared = st.chain(st.normalise(warmup=5), st.residual())
+    a, _ = make(shared, (0,)), make(shared, (1,))
+    fresh = make(st.chain(st.normalise(warmup=5), st.residual()), (0,))
+    for x in xs:
+        np.testing.assert_array_equal(a.step(x).prediction, fresh.step(x).prediction)
