@@ -19,6 +19,7 @@ slot axis and the shared step runs under ``vmap`` with one slot each.
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import jax
@@ -83,7 +84,9 @@ class StepFunctions:
         if cfg.reduce not in ("mean", "sum"):
             raise ValueError(f"reduce must be 'mean' or 'sum'; got {cfg.reduce!r}")
         self.algo, self.loss_fn, self.cfg = algo, loss_fn, cfg
-        self.transform = transform if transform is not None else Identity()
+        # a copy: init() records the forecast channels on the transform, so one object handed
+        # to two learners would otherwise give the first the second's channels
+        self.transform = copy.deepcopy(transform) if transform is not None else Identity()
         self.readout = readout
         self.learn_model = not (isinstance(optimizer, str) and optimizer == "frozen")
         self.store = ParamStore(algo.graph.init_params(), groups)
