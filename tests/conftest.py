@@ -8,3 +8,11 @@ def x64():
     brainstate.environ.set(precision=64)
     yield
     brainstate.environ.set(precision=32)
+
+
+@pytest.fixture(autouse=True)
+def _float32_after_each_test():
+    """A learner built from a config with model.precision = 64 switches jax to float64 for the
+    process (as the engine and `streamtrace evaluate` want); later tests start from float32."""
+    yield
+    brainstate.environ.set(precision=32)
