@@ -264,9 +264,13 @@ def main(argv=None):
     rows = run(a.tasks, seeds, steps, window, a.quick, set(a.only) if a.only else None, log)
     floor = ""
     if a.only is None or "jax" in a.only:
-        med, p10 = jax_esn_rls_step_us(500, calls=500 if a.quick else 3000)
+        calls = 500 if a.quick else 3000
+        med, p10 = jax_esn_rls_step_us(500, calls=calls)
         floor = (f" A jitted ESN-500 + RLS step alone, tight loop: median {med:.0f} us, "
-                 f"10th percentile {p10:.0f} us per step.")
+                 f"10th percentile {p10:.0f} us per step (float32).")
+        for units in (200, 500):       # the same math in float64, at the default's and the 500 size
+            med, p10 = jax_esn_rls_step_us(units, calls=calls, dtype="float64", delta=1e-8)
+            floor += f" Float64 ESN-{units} + RLS: median {med:.0f} us, 10th percentile {p10:.0f} us."
         log(floor.strip())
     header = (f"Prequential one-step-ahead quality: NRMSE = RMSE / std(target) over the last {window} of "
               f"{steps} steps (a shorter series: its second half), median of {len(seeds)} seed(s); us/step is "

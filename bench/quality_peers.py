@@ -75,7 +75,7 @@ def river_lagged(lags=10, kind="linear", lr=0.01, past_targets=False):
 
 # ---- jax floor ----------------------------------------------------------------------------------
 def jax_esn_rls(units=500, n_in=1, n_out=1, lr=1.0, sr=0.9, input_scaling=1.0, delta=1e-6, forgetting=1.0,
-                connectivity=0.1, seed=0):
+                connectivity=0.1, seed=0, dtype="float32"):
     """A plain jitted ESN + RLS step (no framework): what one such step costs on this machine.
     P0 = I / delta; readout over [1, r]; the state crosses the call as three buffers."""
     import jax
@@ -84,7 +84,11 @@ def jax_esn_rls(units=500, n_in=1, n_out=1, lr=1.0, sr=0.9, input_scaling=1.0, d
     W = rng.normal(size=(units, units)) * (rng.random((units, units)) < connectivity)
     W *= sr / np.max(np.abs(np.linalg.eigvals(W)))
     Win = input_scaling * rng.choice([-1.0, 1.0], size=(n_in, units)) * (rng.random((n_in, units)) < 0.1)
-    W, Win = jnp.asarray(W, jnp.float32), jnp.asarray(Win, jnp.float32)
+    if dtype == "float64":                     # jax's 64-bit mode (brainstate's switch)
+        import brainstate
+        brainstate.environ.set(precision=64)
+    dt = jnp.dtype(dtype)
+    W, Win = jnp.asarray(W, dt), jnp.asarray(Win, dt)
 
     @jax.jit
     def step(r, Wout, P, x, y):
@@ -97,22 +101,21 @@ def jax_esn_rls(units=500, n_in=1, n_out=1, lr=1.0, sr=0.9, input_scaling=1.0, d
         P = (P - jnp.outer(Pz, Pz) / c) / forgetting     # Pz_i Pz_j: symmetric to the last bit
         return r, Wout, P, pred
 
-    state = [jnp.zeros(units, jnp.float32), jnp.zeros((units + 1, n_out), jnp.float32),
-             jnp.eye(units + 1, dtype=jnp.float32) / delta]
+    state = [jnp.zeros(units, dt), jnp.zeros((units + 1, n_out), dt), jnp.eye(units + 1, dtype=dt) / delta]
 
     def fn(x, y):
         state[0], state[1], state[2], pred = step(state[0], state[1], state[2],
-                                                  np.asarray(x, np.float32).reshape(n_in),
-                                                  np.asarray(y, np.float32).reshape(n_out))
+                                                  np.asarray(x, dt).reshape(n_in),
+                                                  np.asarray(y, dt).reshape(n_out))
         return np.asarray(pred)
     return fn
 
 
-def jax_esn_rls_step_us(units=500, calls=3000, seed=0) -> tuple[float, float]:
+def jax_esn_rls_step_us(units=500, calls=3000, seed=0, dtype="float32", delta=1e-4) -> tuple[float, float]:
     """The jitted ESN + RLS step alone in a tight loop (no scoring, no Python wrapper): median
     and 10th-percentile microseconds per call, the floor a learner of this size can reach."""
     import time
-    fn = jax_esn_rls(units=units, delta=1e-4, seed=seed)
+    fn = jax_esn_rls(units=units, delta=delta, seed=seed, dtype=dtype)
     xs = np.sin(0.1 * np.arange(calls + 1))
     fn(xs[0], xs[1])                                  # compile
     times = np.empty(calls)
