@@ -20,22 +20,14 @@ import numpy as np
 import optax
 
 import streamtrace as st
+from streamtrace import tasks
 
 STEPS, LAST = 6000, 1000
 
 
-def mackey_glass(n, tau=17.0, beta=0.2, gamma=0.1, power=10, substeps=10, warmup=500):
-    h = 1.0 / substeps
-    lag = int(round(tau / h))
-    buf = [1.2] * (lag + 1)
-    out = []
-    for i in range((n + warmup) * substeps):
-        x, xd = buf[-1], buf[-lag - 1]
-        buf.append(x + h * (beta * xd / (1.0 + xd ** power) - gamma * x))
-        if i % substeps == 0:
-            out.append(buf[-1])
-    s = np.asarray(out[warmup:warmup + n])
-    return (2.0 * (s - s.min()) / (s.max() - s.min()) - 1.0).astype(np.float32)
+def mackey_glass(n):
+    # the one generator the quality benchmark and `streamtrace evaluate` use
+    return tasks.mackey_glass(n).astype(np.float32)
 
 
 def nrmse(pred, target):

@@ -5,6 +5,7 @@ from .etrace import (
                      ES_D_RTRL,
                      RTRL,
                      CompileError,
+                     CompileWarning,
                      ETraceGraph,
                      ETraceVjpAlgorithm,
                      KappaFilter,
@@ -16,7 +17,7 @@ from .etrace import (
 )
 from .learner import CheckpointError, Forecast, OnlineLearner, chain, normalise, param_groups, residual, rls
 
-__all__ = ["nn", "OnlineLearner", "CheckpointError", "compile_graph", "ETraceGraph", "CompileError", "ETraceVjpAlgorithm", "D_RTRL",
+__all__ = ["nn", "OnlineLearner", "CheckpointError", "compile_graph", "ETraceGraph", "CompileError", "CompileWarning", "ETraceVjpAlgorithm", "D_RTRL",
            "ES_D_RTRL", "pp_prop", "RTRL", "SingleStepData", "MultiStepData", "RandomFeedback",
            "KappaFilter", "Forecast", "chain", "normalise", "residual", "rls", "param_groups"]
 __version__ = "0.1.0"
