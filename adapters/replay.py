@@ -62,7 +62,9 @@ def _number(cell) -> float:
 
 
 def _timestamp(cell) -> float:
-    """Seconds: a number as it is, or an ISO 8601 date-time; NaN when neither."""
+    """Seconds: a number as it is, a date-time (Parquet), or an ISO 8601 string; NaN when neither."""
+    if isinstance(cell, datetime):
+        return cell.timestamp()
     t = _number(cell)
     if not math.isnan(t) or not isinstance(cell, str):
         return t

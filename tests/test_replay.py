@@ -19,6 +19,7 @@ import pytest
 from streamtrace.adapters import SensorClient
 from streamtrace.adapters.replay import ReplayError, read_table, replay, select_rows
 from streamtrace.cli import main, start_engine, stop, write_config
+from streamtrace.tasks import TaskError, load_file
 
 ROWS, BAD_ROW = 200, 57            # BAD_ROW: data row with a text cell in column a
 GRU = {
@@ -212,3 +213,5 @@ def test_parquet_without_pyarrow_says_what_to_install(tmp_path):
     (tmp_path / "f.parquet").write_bytes(b"PAR1")
     with pytest.raises(ReplayError, match="pip install pyarrow"):
         read_table(tmp_path / "f.parquet")
+    with pytest.raises(TaskError, match="pip install pyarrow"):     # `streamtrace evaluate f.parquet` too
+        load_file(tmp_path / "f.parquet")
