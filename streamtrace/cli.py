@@ -1,4 +1,4 @@
-"""Command line: ``streamtrace serve | demo | bench | learn | evaluate``.
+"""Command line: ``streamtrace serve | demo | bench | learn | evaluate | replay``.
 
 serve   run the streaming engine (TOML config; every key has a default that just works)
 demo    start an engine and several synthetic sensor streams on loopback, show live progress,
@@ -7,6 +7,7 @@ bench   end-to-end latency: sensor -> engine -> prediction round trips, with a b
         msgpack echo server (the transport floor) measured in the same run
 learn   the engine-free online learning demo (one process, loss printed as it falls)
 evaluate  prequential one-step-ahead quality of a config on a task or a CSV/NPY file
+replay  send a recorded CSV/NPY/Parquet file to an engine row by row and score its predictions
 """
 from __future__ import annotations
 
@@ -273,6 +274,11 @@ def cmd_evaluate(args) -> int:
     return run_cli(args)
 
 
+def cmd_replay(args) -> int:
+    from .adapters.replay import run_cli
+    return run_cli(args)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="streamtrace", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -308,6 +314,25 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--plot", default="", help="write a PNG of predictions and error")
     p.set_defaults(func=cmd_evaluate)
+    p = sub.add_parser("replay", help="send a recorded CSV/NPY/Parquet file to an engine and score its predictions")
+    p.add_argument("file", help="a .csv (header row optional), .npy or .parquet file; one row per time step")
+    p.add_argument("--endpoint", default=None, help="the engine's router (default tcp://127.0.0.1:5555, "
+                                                   "or sockets.router of --serve's config)")
+    p.add_argument("--stream", default=None, help="stream id (default: the file name without suffix)")
+    p.add_argument("--columns", default=None, help="input columns, by name or position: a,b (default: "
+                                                  "every numeric column but the time and target columns)")
+    p.add_argument("--target-columns", default=None, help="targets sent as y (supervised engine): y1,y2")
+    p.add_argument("--time-column", default=None, help="timestamps (seconds or ISO 8601), for --realtime")
+    pace = p.add_mutually_exclusive_group()
+    pace.add_argument("--rate", type=float, default=None, help="rows per second (default: as fast as possible)")
+    pace.add_argument("--realtime", action="store_true", help="pace by the time column's steps")
+    p.add_argument("--window", type=int, default=0, help="score the last W steps (0: all)")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for one answer")
+    p.add_argument("--plot", default="", help="write a PNG of predictions against targets")
+    p.add_argument("--out", default="", help="write every prediction with its row (.csv, or .npy)")
+    p.add_argument("--serve", default=None, metavar="CONFIG",
+                   help="start an engine with this TOML config for the replay, and stop it afterwards")
+    p.set_defaults(func=cmd_replay)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

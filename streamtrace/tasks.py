@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["Task", "mackey_glass", "narma10", "lorenz", "co2", "sunspots", "load_file", "forward_fill", "get_task",
+__all__ = ["Task", "mackey_glass", "narma10", "lorenz", "co2", "sunspots", "load_file", "parquet_columns", "forward_fill", "get_task",
            "TASKS", "TaskError"]
 
 
@@ -180,11 +180,17 @@ def sunspots() -> np.ndarray:
 
 # ---- files --------------------------------------------------------------------------------
 def load_file(path: str | Path) -> np.ndarray:
-    """A (time, channels) series from a .npy file or a CSV file (optional header row; every
+    """A (time, channels) series from a .npy, .parquet or CSV file (optional header row; every
     column whose values are all numbers or empty is a channel; empty cells are forward-filled)."""
     path = Path(path)
     if not path.is_file():
         raise TaskError(f"{path}: no such file")
+    if path.suffix.lower() == ".parquet":
+        cols = [np.asarray(c, np.float64) for c in parquet_columns(path).values()
+                if all(isinstance(v, (int, float)) or v is None for v in c)]
+        if not cols or len(cols[0]) < 3:
+            raise TaskError(f"{path}: no numeric columns with at least 3 rows")
+        return forward_fill(np.array(cols, np.float64).T)   # None (a null) became NaN: a gap
     if path.suffix.lower() == ".npy":
         try:
             x = np.load(path, allow_pickle=False)
@@ -224,6 +230,19 @@ def load_file(path: str | Path) -> np.ndarray:
     if not cols or len(body) < 3:
         raise TaskError(f"{path}: no numeric columns with at least 3 rows")
     return forward_fill(np.array(cols, np.float64).T)
+
+
+def parquet_columns(path: str | Path) -> dict[str, list]:
+    """A Parquet file's columns by name, as Python lists (pyarrow is optional: only this needs it)."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise TaskError(f"{path}: reading Parquet needs pyarrow (pip install pyarrow), "
+                        "or convert the file to CSV / NPY") from None
+    try:
+        return pq.read_table(path).to_pydict()
+    except Exception as e:   # pyarrow raises several kinds for a damaged file
+        raise TaskError(f"{path}: not a readable Parquet file ({e})") from None
 
 
 # ---- by name ------------------------------------------------------------------------------

@@ -1,0 +1,431 @@
+"""Replay a recorded file into an engine, one row per data message (``streamtrace replay FILE``).
+
+Rows of a CSV / NPY / Parquet file go through :class:`SensorClient` (request/reply), paced by a
+timestamp column, a fixed rate, or as fast as the engine answers. The replies are scored
+prequentially: the engine predicts before it learns, so the reply to a row is, in forecast
+mode, the prediction of the next row's inputs and, in supervised mode (target columns sent
+as ``y``), the prediction of the row's own targets.
+
+A row that cannot be sent (a cell that is not a number, NaN, a missing cell, an unreadable
+timestamp) is skipped and reported with its line; a row the engine refuses is counted by the
+error code. Neither stops the replay.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import sys
+import time
+import tomllib
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+
+from .client import EngineError, SensorClient
+
+__all__ = ["ReplayError", "Table", "Rows", "ReplayResult", "read_table", "select_rows", "replay", "write_predictions",
+           "run_cli"]
+
+DEFAULT_ENDPOINT = "tcp://127.0.0.1:5555"
+SHOWN_BAD_ROWS = 10          # bad rows listed by line; the rest are only counted
+
+
+class ReplayError(ValueError):
+    """A file, column choice or engine that the replay cannot work with."""
+
+
+# ---- reading ------------------------------------------------------------------------------
+@dataclass
+class Table:
+    names: list[str]
+    columns: dict[str, list]  # name -> raw cells (strings for CSV, numbers or None otherwise)
+    where: list[str]          # per row, where it is in the file ("line 7", "row 3")
+
+    def __len__(self):
+        return len(self.where)
+
+
+def _number(cell) -> float:
+    """A cell as a float; NaN when it is not one (text, empty, null)."""
+    if cell is None or isinstance(cell, bool):
+        return math.nan
+    if isinstance(cell, (int, float, np.integer, np.floating)):
+        return float(cell)
+    try:
+        return float(str(cell).strip())
+    except ValueError:
+        return math.nan
+
+
+def _timestamp(cell) -> float:
+    """Seconds: a number as it is, a date-time (Parquet), or an ISO 8601 string; NaN when neither."""
+    if isinstance(cell, datetime):
+        return cell.timestamp()
+    t = _number(cell)
+    if not math.isnan(t) or not isinstance(cell, str):
+        return t
+    try:
+        return datetime.fromisoformat(cell.strip()).timestamp()
+    except ValueError:
+        return math.nan
+
+
+def _is_value(cell: str) -> bool:
+    cell = cell.strip()
+    return cell == "" or cell.lower() in ("nan", "na") or not math.isnan(_timestamp(cell))
+
+
+def read_table(path: str | Path) -> Table:
+    """The named columns of a CSV (header row optional), NPY (columns "0", "1", ...) or Parquet
+    file, cells kept as they are so that bad ones can be reported row by row."""
+    from streamtrace.tasks import TaskError, parquet_columns
+    path = Path(path)
+    if not path.is_file():
+        raise ReplayError(f"{path}: no such file")
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        try:
+            cols = parquet_columns(path)
+        except TaskError as e:
+            raise ReplayError(str(e)) from None
+        n = len(next(iter(cols.values()), []))
+        return Table(list(cols), {str(k): list(v) for k, v in cols.items()}, [f"row {i + 1}" for i in range(n)])
+    if suffix == ".npy":
+        try:
+            a = np.load(path, allow_pickle=False)
+        except ValueError as e:
+            raise ReplayError(f"{path}: not a numeric .npy array ({e})") from None
+        if a.dtype.kind not in "fiu" or a.ndim not in (1, 2):
+            raise ReplayError(f"{path}: need a 1-D or 2-D numeric array; got {a.dtype} of shape {a.shape}")
+        a = a.reshape(len(a), -1).astype(np.float64)
+        names = [str(j) for j in range(a.shape[1])]
+        return Table(names, {n: a[:, j] for j, n in enumerate(names)}, [f"row {i + 1}" for i in range(len(a))])
+    try:
+        with open(path, newline="") as fh:
+            reader = csv.reader(fh)
+            rows = [(reader.line_num, r) for r in reader if r and any(c.strip() for c in r)]
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise ReplayError(f"{path}: not a readable CSV file ({e})") from None
+    if not rows:
+        raise ReplayError(f"{path}: empty file")
+    header = not all(_is_value(c) for c in rows[0][1])
+    body = rows[1:] if header else rows
+    width = max([len(rows[0][1])] + [len(r) for _, r in body])
+    names = [c.strip() for c in rows[0][1]] if header else []
+    names += [str(j) for j in range(len(names), width)]
+    if len(set(names)) != len(names):
+        raise ReplayError(f"{path}: the header names a column twice: {names}")
+    columns = {n: [r[j] if j < len(r) else "" for _, r in body] for j, n in enumerate(names)}
+    return Table(names, columns, [f"line {line}" for line, _ in body])
+
+
+# ---- choosing what to send ---------------------------------------------------------------------
+@dataclass
+class Rows:
+    inputs: list[str]
+    targets: list[str]
+    x: np.ndarray                   # (rows, inputs); a bad row's values are not used
+    y: np.ndarray | None            # (rows, targets) in supervised mode
+    ts: np.ndarray | None           # seconds, when a time column is given
+    bad: dict[int, str]             # row index -> why it is not sent
+
+
+def _pick(table: Table, names, what: str) -> list[str]:
+    out = []
+    for n in names:
+        n = n.strip()
+        if n not in table.columns and n.isdigit() and int(n) < len(table.names):
+            n = table.names[int(n)]        # a column by position
+        if n not in table.columns:
+            raise ReplayError(f"{what}: no column {n!r}; the file has {table.names}")
+        out.append(n)
+    return out
+
+
+def select_rows(table: Table, columns=None, target_columns=None, time_column: str | None = None) -> Rows:
+    """Inputs (default: every mostly-numeric column that is neither the time nor a target),
+    targets and timestamps as arrays, and the rows that cannot be sent, with the reason."""
+    targets = _pick(table, target_columns or [], "--target-columns")
+    times = _pick(table, [time_column], "--time-column") if time_column else []
+    if columns:
+        inputs = _pick(table, columns, "--columns")
+    else:
+        def numeric(n):
+            v = np.array([_number(c) for c in table.columns[n]])
+            return np.isfinite(v).sum() > len(v) / 2
+        inputs = [n for n in table.names if n not in targets + times and numeric(n)]
+    if not inputs:
+        raise ReplayError(f"no numeric input columns in {table.names}; name them with --columns")
+    if len(table) == 0:
+        raise ReplayError("the file has no data rows")
+    bad: dict[int, str] = {}
+
+    def values(names):
+        a = np.empty((len(table), len(names)))
+        for j, n in enumerate(names):
+            for i, cell in enumerate(table.columns[n]):
+                a[i, j] = v = _number(cell)
+                if not math.isfinite(v) and i not in bad:
+                    bad[i] = f"column {n!r} is not a finite number: {cell!r}"
+        return a
+
+    x, y = values(inputs), values(targets) if targets else None
+    ts = None
+    if times:
+        ts = np.array([_timestamp(c) for c in table.columns[times[0]]])
+        for i in np.flatnonzero(~np.isfinite(ts)):
+            bad.setdefault(int(i), f"time column {times[0]!r} is not a number or ISO date-time: "
+                                   f"{table.columns[times[0]][i]!r}")
+    return Rows(inputs, targets, x, y, ts, dict(sorted(bad.items())))
+
+
+# ---- pacing and progress ------------------------------------------------------------------------
+class Pacer:
+    """When to send: ``rate`` rows per second, or the file's own time steps (``realtime``), or
+    at once. A late row goes at once: the schedule keeps its start, so a replay slowed down
+    (by the engine's first, compiling step, say) catches up."""
+
+    def __init__(self, rate: float | None = None, realtime: bool = False):
+        if rate is not None and not (math.isfinite(rate) and rate > 0):
+            raise ReplayError(f"--rate must be a positive number of rows per second; got {rate}")
+        self.rate, self.realtime, self.t0, self.ts0 = rate, realtime, None, None
+
+    def wait(self, k: int, ts: float | None):
+        now = time.perf_counter()
+        if self.t0 is None:
+            self.t0, self.ts0 = now, ts
+            return
+        if self.rate:
+            due = self.t0 + k / self.rate
+        elif self.realtime:
+            due = self.t0 + (ts - self.ts0)
+        else:
+            return
+        if due > now:
+            time.sleep(due - now)
+
+
+class ProgressBar:
+    """One redrawn line on a terminal, a line every few seconds otherwise (logs stay short)."""
+
+    def __init__(self, total: int, stream=None, enabled: bool = True):
+        stream = stream or sys.stderr
+        self.total, self.stream, self.enabled = total, stream, enabled
+        self.tty = enabled and hasattr(stream, "isatty") and stream.isatty()
+        self.every = 0.1 if self.tty else 5.0
+        self.start = self.last = time.monotonic()
+
+    def __call__(self, done: int, refused: int, bad: int, final: bool = False):
+        now = time.monotonic()
+        if not self.enabled or (now - self.last < self.every and not final):
+            return
+        self.last = now
+        frac = done / self.total if self.total else 1.0
+        bar = "#" * int(30 * frac) + "-" * (30 - int(30 * frac))
+        rate = done / max(now - self.start, 1e-9)
+        line = f"  replay [{bar}] {done}/{self.total} rows  {rate:,.0f} rows/s  refused {refused}  bad {bad}"
+        self.stream.write(("\r" + line + ("\n" if final else "")) if self.tty else line + "\n")
+        self.stream.flush()
+
+
+# ---- the replay ----------------------------------------------------------------------------------
+@dataclass
+class ReplayResult:
+    file: str
+    stream: str
+    mode: str                                  # "forecast" or "supervised"
+    inputs: list[str]
+    targets: list[str]
+    rows: int
+    sent: int
+    answered: int
+    bad_rows: dict[int, str]                   # row index -> reason (where: ``Table.where``)
+    refused: Counter
+    seconds: float
+    rows_answered: np.ndarray = field(repr=False, default=None)   # row index of every answer
+    predictions: np.ndarray = field(repr=False, default=None)     # (answered, n_out), in order
+    scored_predictions: np.ndarray = field(repr=False, default=None)
+    scored_targets: np.ndarray = field(repr=False, default=None)
+    nrmse: float = math.nan
+    mae: float = math.nan
+    persistence_nrmse: float = math.nan
+    note: str = ""                              # why metrics are missing, when they are
+
+    def summary(self) -> dict:
+        clean = lambda v: None if isinstance(v, float) and not math.isfinite(v) else v  # noqa: E731
+        return {"file": self.file, "stream": self.stream, "mode": self.mode, "rows": self.rows, "sent": self.sent,
+                "steps": self.answered, "scored": 0 if self.scored_targets is None else len(self.scored_targets),
+                "bad_rows": len(self.bad_rows), "refused": dict(self.refused), "nrmse": clean(self.nrmse),
+                "mae": clean(self.mae), "persistence_nrmse": clean(self.persistence_nrmse),
+                "seconds": round(self.seconds, 3)}
+
+
+def _score(result: ReplayResult, rows: Rows, window: int):
+    """Prequential metrics from the answers: pairs of (prediction, what it predicted)."""
+    from streamtrace.evaluate import mae, nrmse
+    idx, p = result.rows_answered, result.predictions
+    if len(idx) < 3:
+        result.note = "fewer than 3 answered rows: nothing to score"
+        return
+    if result.mode == "forecast":      # answer j predicts the next answered row's inputs
+        pred, target, last = p[:-1], rows.x[idx[1:]], rows.x[idx[:-1]]
+    else:                              # answer j predicts row j's targets; persistence: row j-1's
+        pred, target, last = p[1:], rows.y[idx[1:]], rows.y[idx[:-1]]
+    if pred.shape[1] != target.shape[1]:
+        result.note = (f"the engine predicts {pred.shape[1]} values, the rows have {target.shape[1]} "
+                       f"{'inputs' if result.mode == 'forecast' else 'targets'}: not scored")
+        return
+    w = window if 0 < window < len(target) else len(target)
+    result.scored_predictions, result.scored_targets = pred[-w:], target[-w:]
+    result.mae = mae(pred, target, w)
+    try:
+        result.nrmse, result.persistence_nrmse = nrmse(pred, target, w), nrmse(last, target, w)
+    except ValueError as e:            # a constant target: NRMSE is undefined, MAE still stands
+        result.note = str(e)
+
+
+def replay(path: str | Path, endpoint: str = DEFAULT_ENDPOINT, *, stream: str | None = None, columns=None,
+           target_columns=None, time_column: str | None = None, rate: float | None = None,
+           realtime: bool = False, window: int = 0, timeout_s: float = 60.0, progress: bool = False) -> ReplayResult:
+    """Send every good row of ``path`` to the engine at ``endpoint`` and score its answers.
+    With ``target_columns`` the rows carry ``y`` (the engine must be in supervised mode)."""
+    if rate is not None and realtime:
+        raise ReplayError("choose one of --rate and --realtime")
+    if realtime and not time_column:
+        raise ReplayError("--realtime paces by the timestamps: name the column with --time-column")
+    pacer = Pacer(rate, realtime)
+    table = read_table(path)
+    rows = select_rows(table, columns, target_columns, time_column)
+    stream = stream or Path(path).stem[:128] or "replay"
+    mode = "supervised" if rows.targets else "forecast"
+    good = [i for i in range(len(table)) if i not in rows.bad]
+    bar = ProgressBar(len(table), enabled=progress)
+    refused, answered, preds = Counter(), [], []
+    t0 = time.perf_counter()
+    with SensorClient(endpoint, stream=stream, timeout_s=timeout_s) as client:
+        for k, i in enumerate(good):
+            pacer.wait(k, None if rows.ts is None else rows.ts[i])
+            y = None if rows.y is None else rows.y[i]
+            for attempt in (0, 1):     # a gap/repeat reply resyncs the client: the row goes again once
+                try:
+                    reply = client.step(rows.x[i], y)
+                except EngineError as e:
+                    if e.code in ("gap", "repeat") and attempt == 0:
+                        continue
+                    if not answered and e.code in ("bad_shape", "bad_dtype"):
+                        raise ReplayError(f"the engine refused the first row: {e} (do --columns / "
+                                          f"--target-columns match the model's inputs and outputs?)") from None
+                    refused[e.code] += 1
+                except TimeoutError:
+                    raise ReplayError(f"no answer from an engine at {endpoint} within {timeout_s:g} s: is it "
+                                      "running there (or give --serve CONFIG)?") from None
+                else:
+                    answered.append(i)
+                    preds.append(np.asarray(reply.pred, np.float64).reshape(-1))
+                break
+            bar(i + 1, sum(refused.values()), len(rows.bad))
+    bar(len(table), sum(refused.values()), len(rows.bad), final=True)
+    n_out = preds[0].size if preds else 0
+    result = ReplayResult(str(path), stream, mode, rows.inputs, rows.targets, len(table), len(good), len(answered),
+                          {i: f"{table.where[i]}: {why}" for i, why in rows.bad.items()}, refused,
+                          time.perf_counter() - t0, np.array(answered, int),
+                          np.array(preds, np.float64).reshape(len(preds), n_out))
+    _score(result, rows, window)
+    return result
+
+
+# ---- command line --------------------------------------------------------------------------------
+def _engine_config(path: str) -> tuple[str, str]:
+    """The router address and learning mode a config file gives the engine."""
+    try:
+        cfg = tomllib.loads(Path(path).read_text())
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise ReplayError(f"--serve {path}: {e}") from None
+    return (cfg.get("sockets", {}).get("router", DEFAULT_ENDPOINT),
+            cfg.get("learning", {}).get("mode", "forecast"))
+
+
+def _split(s: str | None):
+    return [c for c in s.split(",") if c.strip()] if s else None
+
+
+def _report(r: ReplayResult) -> str:
+    columns = "inputs " + ",".join(r.inputs) + ("; targets " + ",".join(r.targets) if r.targets else "")
+    lines = [f"replay {r.file} -> stream {r.stream!r} ({r.mode}; {columns}) in {r.seconds:.2f} s",
+             f"rows {r.rows}  sent {r.sent}  answered {r.answered}  bad rows {len(r.bad_rows)}  "
+             f"refused {sum(r.refused.values())}" +
+             (" (" + ", ".join(f"{c} {n}" for c, n in sorted(r.refused.items())) + ")" if r.refused else "")]
+    for why in list(r.bad_rows.values())[:SHOWN_BAD_ROWS]:
+        lines.append(f"  bad row, {why}")
+    if len(r.bad_rows) > SHOWN_BAD_ROWS:
+        lines.append(f"  ... and {len(r.bad_rows) - SHOWN_BAD_ROWS} more bad rows")
+    if r.scored_targets is not None:
+        lines.append(f"prequential over {len(r.scored_targets)} steps: NRMSE {r.nrmse:.5g}  MAE {r.mae:.5g}  "
+                     f"persistence NRMSE {r.persistence_nrmse:.5g}")
+    if r.note:
+        lines.append("note: " + r.note)
+    return "\n".join(lines)
+
+
+def write_predictions(r: ReplayResult, path: str | Path):
+    """Every answer: the data row it answers (0-based, header not counted) and the prediction,
+    as CSV (full float precision) or, for a .npy path, an array with the row in column 0."""
+    table = np.column_stack([r.rows_answered, r.predictions]) if r.answered else np.zeros((0, 1))
+    if str(path).lower().endswith(".npy"):
+        np.save(path, table)
+        return
+    names = r.inputs if r.mode == "forecast" else r.targets
+    if len(names) != r.predictions.shape[1]:
+        names = [str(j) for j in range(r.predictions.shape[1])]
+    header = ",".join(["row"] + [f"pred_{n}" for n in names])
+    np.savetxt(path, table, delimiter=",", header=header, comments="",
+               fmt=["%d"] + ["%.17g"] * r.predictions.shape[1])
+
+
+def run_cli(args) -> int:
+    """``streamtrace replay``: a report, then one JSON line (the last line of stdout)."""
+    from streamtrace.cli import start_engine, stop
+    engine = None
+    try:
+        endpoint = args.endpoint or DEFAULT_ENDPOINT
+        if args.serve:
+            router, mode = _engine_config(args.serve)
+            endpoint = args.endpoint or router
+            if (mode == "supervised") != bool(args.target_columns):
+                raise ReplayError(f"--serve {args.serve} has learning.mode = {mode!r}: " +
+                                  ("give its targets with --target-columns" if mode == "supervised" else
+                                   "--target-columns needs learning.mode = 'supervised'"))
+            read_table(args.file)      # a bad file fails before an engine is started
+            try:
+                engine = start_engine(Path(args.serve))
+            except RuntimeError as e:
+                raise ReplayError(f"--serve {args.serve}: {e}") from None
+        r = replay(args.file, endpoint, stream=args.stream, columns=_split(args.columns),
+                   target_columns=_split(args.target_columns), time_column=args.time_column, rate=args.rate,
+                   realtime=args.realtime, window=args.window, timeout_s=args.timeout, progress=True)
+    except ReplayError as e:
+        print(f"replay: {e}", file=sys.stderr)
+        return 2
+    finally:
+        if engine is not None:
+            stop(engine)
+            engine.stdout.close()
+    print(_report(r))
+    if args.out:
+        write_predictions(r, args.out)
+        print(f"wrote {args.out}", file=sys.stderr)
+    if args.plot:
+        if r.scored_targets is None:
+            print(f"replay: no plot, nothing was scored ({r.note})", file=sys.stderr)
+        else:
+            from streamtrace.evaluate import Result, plot
+            plot(Result(Path(r.file).name, len(r.scored_targets), len(r.scored_targets), r.nrmse, r.mae, math.nan,
+                        r.persistence_nrmse, label=f"replay ({r.mode})", predictions=r.scored_predictions,
+                        targets=r.scored_targets), args.plot)
+            print(f"wrote {args.plot}", file=sys.stderr)
+    print(json.dumps(r.summary()), flush=True)
+    return 0 if r.answered else 1
