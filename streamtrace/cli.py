@@ -287,7 +287,8 @@ def main(argv=None) -> int:
     p.add_argument("--config", default=None, help="TOML config file (defaults for anything missing)")
     p.set_defaults(func=cmd_serve)
     for name, func, steps in (("demo", cmd_demo, 3000), ("learn", cmd_learn, 4000)):
-        p = sub.add_parser(name, help=(__doc__.split(name + " ")[1].split("\n")[0].strip()))
+        p = sub.add_parser(name, help={"demo": "an engine and synthetic sensor streams, live progress",
+                                       "learn": "the engine-free online learning demo"}[name])
         p.add_argument("--model", default="gru", help="built-in stack: gru, lstm, rnn, lif, alif, leaky")
         p.add_argument("--hidden", type=int, default=32)
         p.add_argument("--algorithm", default="d-rtrl", choices=["d-rtrl", "es-d-rtrl", "rtrl"])
