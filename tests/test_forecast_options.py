@@ -75,9 +75,10 @@ def test_multi_step_rollout_equals_numpy_rollout(x64, with_transform, ch):
         if t < 2 * warmup or t % 7:
             continue
         s = L.state_dict()
-        W = s["readout.W"][0]
-        # the hidden state after x_{t-1}: stored before this step's rollout started from it
-        h = s["hidden.h"][0]
+        W = s["readout.W"][0, 0]
+        # the hidden state after x_{t-1}, as it was before this step (a frozen model under a
+        # readout keeps the state after its last prediction; the rollout starts from it with x_t)
+        h = s_before["hidden.h"][0]
         if with_transform:
             mean, var = s["signal.normalise.x.mean"][0], s["signal.normalise.x.var"][0]
             scale = np.sqrt(var.astype(np.float64) + 1e-8)

@@ -97,7 +97,7 @@ def test_predictions_come_back_in_user_units(x64):
                 zs.append((sig[j] - m_j) / s_j)
             h = reservoir_numpy(params, np.array(zs))[-1]
             r = np.concatenate([h, z[-1], [1.0]])
-            want = sig[i] + scale * (r @ s["readout.W"][0])
+            want = sig[i] + scale * (r @ s["readout.W"][0, 0])
             # the normaliser keeps its statistics in float32: ~1e-8 relative
             np.testing.assert_allclose(pred, want, rtol=1e-6)
     preds = np.array(preds)[warmup + 40:, 0]
@@ -176,8 +176,8 @@ def test_reset_slot_gives_a_fresh_normaliser_readout_and_metrics():
     for k, v in after.items():
         if v.ndim and v.shape[0] == 2 and not k.startswith("params."):
             assert np.array_equal(v[0], before[k][0], equal_nan=True), k
-    assert norm(after, "n")[1] == 0 and not np.any(after["readout.W"][1])
-    np.testing.assert_array_equal(after["readout.P"][1], np.eye(10) / 1e-4)
+    assert norm(after, "n")[1] == 0 and not np.any(after["readout.W"][1, 0])
+    np.testing.assert_array_equal(after["readout.P"][1, 0], np.eye(10) / 1e-4)
     assert m["n"][1] == 0 and np.isnan(m["mse"][1]) and m["n"][0] == 19
     L.step(np.array([[1.0], [123.0]], np.float32))
     np.testing.assert_allclose(norm(L.state_dict(), "x.mean")[1], [123.0])

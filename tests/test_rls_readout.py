@@ -52,7 +52,7 @@ def test_weights_equal_batch_ridge_least_squares(x64, lam):
     for t in range(T):
         L.step(xs[t], ys[t])
         if t in (R.shape[1] + 5, T - 1):
-            W, want = L.state_dict()["readout.W"][0], ridge(R[:t + 1], ys[:t + 1], delta, lam)
+            W, want = L.state_dict()["readout.W"][0, 0], ridge(R[:t + 1], ys[:t + 1], delta, lam)
             # normwise: the reservoir's features are ill-conditioned, so a small
             # element of W carries the rounding of the large ones
             err = np.linalg.norm(W - want) / np.linalg.norm(want)
@@ -95,8 +95,8 @@ def test_per_slot_readouts_are_independent(x64, shared):
     # per-slot weights keep each slot's 1-slot state under a leading slot axis
     slot = lambda key, i: s[key][i].reshape(s[key].shape[-2:])
     for i in range(2):
-        np.testing.assert_allclose(slot("readout.W", i), solo[i].state_dict()["readout.W"][0], rtol=1e-9, atol=1e-12)
-        np.testing.assert_allclose(slot("readout.P", i), solo[i].state_dict()["readout.P"][0], rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(slot("readout.W", i), solo[i].state_dict()["readout.W"][0, 0], rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(slot("readout.P", i), solo[i].state_dict()["readout.P"][0, 0], rtol=1e-9, atol=1e-12)
     # and slot 1's readout is the ridge solution on its own accepted samples
     R1 = features(solo[1].params, xs1[active[:, 1]])
     np.testing.assert_allclose(slot("readout.W", 1), ridge(R1, ys1[active[:, 1]], 1e-4), rtol=1e-6, atol=1e-8)
@@ -136,7 +136,7 @@ def test_hybrid_gradient_is_readout_loss_gradient_with_readout_held(x64):
     L.load_state_dict(s)
     p0 = L.params
     x, y = np.array([0.3, -0.8]), np.array([0.5, -0.2])
-    W_r = s["readout.W"][0]
+    W_r = s["readout.W"][0, 0]
 
     def loss(W_in, b):
         h = 0.6 * jnp.tanh(x @ W_in + b)        # h_0 = 0: leak * tanh(x W_in + b + 0 W)
@@ -179,7 +179,7 @@ def test_hybrid_follows_numpy_rtrl_over_many_steps(x64):
     W_in, b = L.params["W_in"].copy(), L.params["b"].copy()
     h, e_in, e_b = np.zeros(6), np.zeros((2, 6)), np.zeros(6)
     for t in range(T_):
-        W_r = L.state_dict()["readout.W"][0]
+        W_r = L.state_dict()["readout.W"][0, 0]
         L.step(xs[t], ys[t])
         u = np.tanh(xs[t] @ W_in + b)
         h = (1 - a) * h + a * u
