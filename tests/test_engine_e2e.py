@@ -22,12 +22,12 @@ from pathlib import Path
 
 import msgpack
 import numpy as np
-import optax
 import pytest
 
-from streamtrace import OnlineLearner, wire
+from streamtrace import wire
 from streamtrace.adapters import EngineError, PushClient, SensorClient, Subscriber, WeightsSubscriber
-from streamtrace.engine import build_model, load_config
+from streamtrace.engine import load_config
+from streamtrace.engine.build import build_learner
 from streamtrace.learner import read_checkpoint
 
 from engine_helpers import (N_IN, N_OUT, loss_value, running_engine, stop_gracefully, stream_name,
@@ -290,9 +290,7 @@ PROCS, PER_PROC, STEPS, WINDOW = 4, 16, 150, 6
 
 def reference_predictions(cfg, indices):
     """A single-stream learner per stream (same model config, algorithm, optimizer, lr)."""
-    lc = cfg.learning
-    learner = OnlineLearner(build_model(cfg.model), np.zeros(cfg.model.n_in, np.float32),
-                            algorithm=lc.algorithm, optimizer=optax.adam(lc.lr), mode="supervised")
+    learner = build_learner(cfg)      # one stream, built as the engine builds each slot's model
     fresh = learner.state_dict()
     out = {}
     for i in indices:
