@@ -54,14 +54,16 @@ class OnlineLearner:
 
     The state crosses the compiled call as a few buffers: small leaves packed per dtype, leaves
     of at least ``standalone`` elements (weights, moments, traces) as buffers of their own.
-    ``donate=True`` lets XLA reuse the input buffers (measured: no gain on a 2-vCPU CPU).
+    ``donate=True`` lets XLA reuse the input buffers (measured: no gain for small gradient
+    learners on a 2-vCPU CPU; with a readout, the default, it saves a copy of the RLS matrix
+    and of frozen weights every step: 263 -> 196 us for a 200-unit reservoir).
     """
 
     def __init__(self, model, example_x, *, algorithm="d-rtrl", decay=None, rank=None, signal=None,
                  loss="mse", optimizer=None, lr: float = 1e-3,
                  mode="supervised", learn_every: int = 1, slots: int | None = None,
                  shared_weights: bool = True, reduce: str = "mean", clip: float | None = None,
-                 batch_size: int | None = None, donate: bool = False, standalone: int | None = 2048,
+                 batch_size: int | None = None, donate: bool | None = None, standalone: int | None = 2048,
                  transform=None, readout=None, window: int = 1000):
         example_x = np.asarray(example_x)
         if slots is not None and slots < 1:
@@ -94,7 +96,7 @@ class OnlineLearner:
         self.horizon = self.cfg.horizon
         self.slots, self.n = slots, slots or 1
         self.per_slot = slots is not None and not shared_weights
-        self.donate = donate
+        self.donate = readout is not None if donate is None else bool(donate)
         self._signature_extra = {"algorithm": self.algo.name, "decay": getattr(self.algo, "decay", None),
                                  "mode": mode, "learn_every": learn_every, "slots": slots,
                                  "shared_weights": bool(shared_weights) or slots is None, "reduce": reduce,
@@ -200,7 +202,10 @@ class OnlineLearner:
         """Current weights, ``{parameter name: numpy array}`` (per-slot weights: slot axis first)."""
         named = self.layout.to_named(self.buffers, prefix="params")
         store = self.fns.store
-        stored = named["params"] if store.groups is None else {g: named[f"params.{g}"] for g in store.layouts}
+        if store.separate:
+            stored = {k[len("params."):]: v for k, v in named.items()}
+        else:
+            stored = named["params"] if store.groups is None else {g: named[f"params.{g}"] for g in store.layouts}
         if not self.per_slot:
             return {k: np.asarray(v) for k, v in store.unpack(stored).items()}
         per = [store.unpack(jax.tree_util.tree_map(lambda a: a[i], stored)) for i in range(self.n)]

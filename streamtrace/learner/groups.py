@@ -60,8 +60,11 @@ class ParamStore:
     """The weights as the learner stores them: one packed block (no groups), or one block per
     group; ``pack``/``unpack`` convert to and from ``{parameter name: array}``."""
 
-    def __init__(self, params: dict, groups: ParamGroups | None = None):
+    def __init__(self, params: dict, groups: ParamGroups | None = None, separate: bool = False):
         self.groups = groups
+        # weights that never change (a frozen model) need no block for an optimizer: kept as
+        # arrays of their own, a step neither copies a block nor slices weights out of it
+        self.separate = separate and groups is None
         if groups is None:
             self.layouts = {None: Layout(params)}
             self.members = {None: sorted(params)}
@@ -71,11 +74,15 @@ class ParamStore:
         self.frozen = [] if groups is None else [g for g in self.members if groups.groups[g][1] is None]
 
     def pack(self, params: dict):
+        if self.separate:
+            return dict(params)
         if self.groups is None:
             return self.layouts[None].pack(params)[0]
         return {g: lay.pack({n: params[n] for n in self.members[g]})[0] for g, lay in self.layouts.items()}
 
     def unpack(self, stored) -> dict:
+        if self.separate:
+            return dict(stored)
         if self.groups is None:
             return self.layouts[None].unpack((stored,))
         out = {}
@@ -92,7 +99,7 @@ class ParamStore:
 
     def block_of(self, name: str, shape: tuple):
         """The group layout a state leaf holds a block of (by its name's last part), or None."""
-        if not (name == "params" or name == "acc" or name.startswith(("params.", "acc.", "opt"))):
+        if self.separate or not (name == "params" or name == "acc" or name.startswith(("params.", "acc.", "opt"))):
             return None
         if self.groups is None:
             lay = self.layouts[None]

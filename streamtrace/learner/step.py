@@ -89,7 +89,7 @@ class StepFunctions:
         self.transform = copy.deepcopy(transform) if transform is not None else Identity()
         self.readout = readout
         self.learn_model = not (isinstance(optimizer, str) and optimizer == "frozen")
-        self.store = ParamStore(algo.graph.init_params(), groups)
+        self.store = ParamStore(algo.graph.init_params(), groups, separate=not self.learn_model)
         opt = self.store.optimizer(optimizer) if self.learn_model else None
         if opt is not None and clip is not None:
             opt = optax.chain(optax.clip_by_global_norm(clip), opt)
