@@ -51,6 +51,9 @@ class EngineCore:
                              "set model.n_out to the model's output size")
         self.streams: dict[str, Stream] = {}
         self.free = list(range(ec.slots - 1, -1, -1))
+        # slots still in their initial state need no reset: the first stream is answered
+        # without waiting for the reset program to compile
+        self._pristine = set(self.free)
         self.metrics = Metrics()
         self.metrics.counters.update(parked=0, unparked=0, park_dropped=0)
         self.parking = ParkingLot(ec.park_s, ec.max_parked)
@@ -64,17 +67,40 @@ class EngineCore:
         self._input_cache: dict = {}
         self.buckets = sorted({1 << i for i in range(ec.micro_batch.bit_length()) if 1 << i <= ec.micro_batch}
                               | {ec.micro_batch})
+        self.ready = list(self.buckets)  # sizes tick may use (compiled on first use, or by warmup_rest)
 
     def warmup(self):
-        """Compile every micro-batch size now, so no message waits for the compiler."""
+        """Compile every program now, so no message waits for the compiler."""
+        self.warmup_first()
+        self.warmup_rest()
+        self.warmup_write()
+
+    def warmup_first(self):
+        """What the first answer needs: the 1-step program (and the slot reset, once a slot
+        has been used: after a resume).
+        Until ``warmup_rest`` compiles them, larger micro-batch sizes are not used."""
+        self.ready = [1]
         self.learner.compiled()
-        for k in self.buckets:
-            if k > 1:
-                self.learner.compiled(k)
-        if self.learner.slots is not None:
+        if self.learner.slots is not None and not self._pristine:
             self.learner.compiled_reset()
-            if self.parking.enabled:       # compiles the slot read and write (a no-op write)
-                self.learner.write_slot(0, self.learner.read_slot(0))
+
+    def warmup_rest(self, stop=lambda: False):
+        """The micro-batch sizes and the slot read/write of parking; safe to run on another
+        thread while the engine steps: ``tick`` uses a size only once it is in ``ready``."""
+        if self.learner.slots is not None and not stop():
+            self.learner.compiled_reset()    # compiles only: the state is not touched
+        for k in self.buckets:
+            if k > 1 and not stop():
+                self.learner.compiled(k)
+                self.ready.append(k)
+        if self.learner.slots is not None and self.parking.enabled and not stop():
+            self.learner.read_slot(0)        # compiles the slot read (reads, never writes, the state)
+
+    def warmup_write(self):
+        """Compile the parking slot write by writing slot 0 its own state: a no-op, but it
+        replaces the learner's buffers, so only the thread that steps may call it."""
+        if self.learner.slots is not None and self.parking.enabled:
+            self.learner.write_slot(0, self.learner.read_slot(0))
 
     # ---- ingest -----------------------------------------------------------------------
     def ingest(self, raw: bytes, origin=None, t_recv: float | None = None) -> list:
@@ -188,8 +214,9 @@ class EngineCore:
         if not self.free:
             return None
         slot = self.free.pop()
-        if fresh:
+        if fresh and slot not in self._pristine:
             self.learner.reset_slot(slot)
+        self._pristine.discard(slot)
         return slot
 
     def evict_idle(self, now: float | None = None):
@@ -218,7 +245,8 @@ class EngineCore:
             return []
         out = []
         count = max(len(st.pending) for st in busy)
-        k = next((b for b in self.buckets if b >= count), self.buckets[-1])
+        ready = sorted(self.ready)       # a size still compiling waits: its steps go in smaller calls
+        k = next((b for b in ready if b >= count), ready[-1])
         n_msgs = sum(min(len(st.pending), k) for st in busy)
         if self.ckpt and self._since_ckpt + n_msgs > self.cfg.checkpoint.every:
             self.save_checkpoint()
@@ -338,6 +366,7 @@ class EngineCore:
         if path is None:
             return None
         self.learner.load_state_dict(arrays)
+        self._pristine.clear()           # every slot now holds the checkpoint's state
         extra = header.get("extra", {})
         self.steps, self.version = int(extra.get("steps", 0)), int(extra.get("version", 0))
         self.streams.clear()

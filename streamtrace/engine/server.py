@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
 import time
 
 import zmq
@@ -17,6 +18,7 @@ import zmq.auth
 
 from ..learner.checkpoint import CheckpointError
 from .config import ConfigError, EngineConfig
+from .compile_cache import disable as disable_compile_cache, enable as enable_compile_cache, resolve
 from .core import EngineCore
 from .preflight import check_environment, check_security
 from .receive import recv_message
@@ -24,6 +26,21 @@ from .receive import recv_message
 __all__ = ["Engine", "serve", "open_engine"]
 
 log = logging.getLogger("streamtrace.engine")
+
+
+def open_compile_cache(path: str):
+    """jax's persistent compilation cache at ``path`` ("": off). A folder that cannot be
+    made costs speed, not service: the engine starts without the cache and says so."""
+    folder = resolve(path)
+    if folder is None:
+        disable_compile_cache()
+        return None
+    try:
+        return enable_compile_cache(folder)
+    except OSError as e:
+        log.warning("engine.compile_cache_dir: cannot use %s (%s); compiling without a cache", folder, e)
+        disable_compile_cache()
+        return None
 
 
 class Engine:
@@ -35,9 +52,14 @@ class Engine:
         if cfg.engine.sync_dispatch:
             import jax
             jax.config.update("jax_cpu_enable_async_dispatch", False)
+        self.cache_dir = open_compile_cache(cfg.engine.compile_cache_dir)
         self.core = EngineCore(cfg)
         self.resumed = self.core.resume()   # before compiling: a foreign checkpoint refuses fast
-        self.core.warmup()
+        # listen as soon as the first answer can be given; the rest compiles after it (run)
+        self.core.warmup_first()
+        self._warmer: threading.Thread | None = None
+        self._warm_stop = False
+        self._write_warm = False
         self.ctx = ctx or zmq.Context.instance()
         self._stop = False
         self._auth = None
@@ -112,6 +134,18 @@ class Engine:
                 except zmq.Again:
                     self.core.metrics.count("dropped")
 
+    def _warm_rest(self):
+        """Compile the micro-batch sizes on a thread once the engine has answered (or sat
+        idle): a (re)start answers after one program instead of all of them. The thread never
+        touches the learner's state; until a size is ready, ``tick`` uses smaller calls."""
+        def work():
+            try:
+                self.core.warmup_rest(stop=lambda: self._warm_stop)
+            except Exception:   # noqa: BLE001 - the engine serves on with the sizes it has
+                log.exception("warm-up of the micro-batch sizes failed; serving with sizes %s", self.core.ready)
+        self._warmer = threading.Thread(target=work, name="streamtrace-warmup", daemon=True)
+        self._warmer.start()
+
     def run(self, *, install_signals: bool = True, max_seconds: float | None = None):
         if install_signals:
             signal.signal(signal.SIGTERM, self.stop)
@@ -152,8 +186,14 @@ class Engine:
                             events.pop(self.pull, None)
                     if not got:
                         break
+                answered = core.has_pending()
                 while core.has_pending():
                     self._send(core.tick())
+                if self._warmer is None:          # after the first answer (or first idle poll)
+                    self._warm_rest()
+                elif not (self._write_warm or answered or events or self._warmer.is_alive()):
+                    self._write_warm = True       # idle: the write replaces the state, so this thread
+                    core.warmup_write()
                 now = clock()
                 if now >= next_stats:
                     next_stats = now + stats_every
@@ -166,6 +206,9 @@ class Engine:
             self.close()
 
     def close(self):
+        self._warm_stop = True
+        if self._warmer is not None:
+            self._warmer.join()      # at most one program's compile
         try:
             while self.core.has_pending():
                 self._send(self.core.tick())
