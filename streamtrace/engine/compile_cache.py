@@ -27,6 +27,7 @@ def enable(path: str | os.PathLike) -> Path:
     import jax
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
+    jax.config.update("jax_enable_compilation_cache", True)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
     if jax.config.jax_compilation_cache_dir != str(folder):
@@ -38,6 +39,7 @@ def enable(path: str | os.PathLike) -> Path:
 def disable():
     """No persistent cache for what this process compiles next."""
     import jax
+    jax.config.update("jax_enable_compilation_cache", False)   # no cache keys computed either
     if jax.config.jax_compilation_cache_dir is not None:
         jax.config.update("jax_compilation_cache_dir", None)
         _reopen()

@@ -51,8 +51,8 @@ class EngineCore:
                              "set model.n_out to the model's output size")
         self.streams: dict[str, Stream] = {}
         self.free = list(range(ec.slots - 1, -1, -1))
-        # slots still in their initial state need no reset: the first stream is answered
-        # without waiting for the reset program to compile
+        # slots never used since the start need no reset (only their per-slot count of calls
+        # has moved): the first stream is answered without waiting for the reset program
         self._pristine = set(self.free)
         self.metrics = Metrics()
         self.metrics.counters.update(parked=0, unparked=0, park_dropped=0)
