@@ -133,7 +133,7 @@ def preds(outs):
     return [wire.decode(raw)["pred"] for kind, _, raw in outs if kind == "reply"]
 
 
-def test_first_answers_use_only_the_one_step_program_and_match_a_plain_learner():
+def test_first_answers_wait_for_no_micro_batch_size_and_match_a_plain_learner():
     cfg = config(micro_batch=4, park_s=10.0)
     core = EngineCore(cfg)
     core.warmup_first()
@@ -144,72 +144,41 @@ def test_first_answers_use_only_the_one_step_program_and_match_a_plain_learner()
         assert core.ingest(data("a", t, x), b"o") == []
     while core.has_pending():
         got += preds(core.tick())
-    assert set(core.learner._compiled) == {None}, "something beyond the 1-step program was compiled"
+    assert not [k for k in core.learner._compiled if isinstance(k, int)], "a micro-batch size was compiled"
     # the oracle: the same config's learner stepped once per sample, outside the engine
     ref = build_learner(cfg, slots=2, shared_weights=False)
     want = [ref.step(np.stack([x, np.zeros(N_IN, np.float32)]), active=np.array([True, False])).prediction[0]
             for x in xs]
     np.testing.assert_allclose(np.array([wire.unpack_array(p) for p in got]), np.array(want), rtol=1e-6, atol=1e-7)
 
-    # the rest compiles later (on a thread in the engine) and never touches the state
+    # the sizes compile later (between messages in the engine loop) and never touch the state
     before = core.learner.state_dict()
-    core.warmup_rest()
+    for _ in core.warmup_later():
+        pass
     assert sorted(core.ready) == core.buckets == [1, 2, 4]
-    assert {2, 4, "reset", "read_slot"} <= set(core.learner._compiled)
+    assert {2, 4} <= set(core.learner._compiled)
     after = core.learner.state_dict()
     assert all(np.array_equal(before[k], after[k]) for k in before)
 
 
-def test_a_new_stream_on_an_unused_slot_needs_no_reset_and_starts_fresh():
-    cfg = config()
-    core = EngineCore(cfg)
-    core.warmup_first()
-    rng = np.random.default_rng(1)
-    for t in range(3):
-        core.ingest(data("a", t, rng.normal(size=N_IN).astype(np.float32)), b"o")
-        core.tick()
-    fresh = build_learner(cfg, slots=2, shared_weights=False)
-    slot_b = core.free[-1]
-    got, want = core.learner.read_slot(slot_b), fresh.read_slot(slot_b)
-    # the one difference from a reset: the per-slot count of compiled calls (a statistic that
-    # every call advances in every slot) counts from the engine's start instead
-    assert got["stats"]["counters"][0] == 3 and want["stats"]["counters"][0] == 0
-    np.testing.assert_array_equal(got["stats"]["counters"][1:], want["stats"]["counters"][1:])
-    got["stats"]["counters"] = np.array(want["stats"]["counters"])
-    leaves = zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want))
-    assert all(np.array_equal(g, w) for g, w in leaves), "an unused slot moved while another stream ran"
-    x = rng.normal(size=N_IN).astype(np.float32)
-    core.ingest(data("b", 0, x), b"o")
-    [p] = preds(core.tick())
-    assert "reset" not in core.learner._compiled
-    xb = np.zeros((2, N_IN), np.float32)
-    xb[slot_b] = x
-    active = np.arange(2) == slot_b
-    np.testing.assert_array_equal(wire.unpack_array(p), fresh.step(xb, active=active).prediction[slot_b])
-
-
-def test_after_a_resume_every_slot_is_reset_before_reuse(tmp_path):
-    cfg = config(park_s=0.0, idle_timeout_s=0.0)
-    cfg.checkpoint.dir = str(tmp_path / "ck")
-    core = EngineCore(cfg, clock=lambda: 0.0)
-    core.warmup_first()
-    rng = np.random.default_rng(2)
-    for t in range(3):
-        core.ingest(data("a", t, rng.normal(size=N_IN).astype(np.float32)), b"o")
-        core.tick()
-    core.save_checkpoint()
-    again = EngineCore(cfg, clock=lambda: 1.0)
-    assert again.resume() is not None
-    again.warmup_first()
-    assert "reset" in again.learner._compiled       # the checkpoint's slots are not pristine
-    again.evict_idle(5.0)                            # "a" leaves; its slot is reused by "b"
-    again.ingest(data("b", 0, np.zeros(N_IN, np.float32)), b"o")
-    slot = again.streams["b"].slot
-    fresh = build_learner(cfg, slots=2, shared_weights=False)
-    got, want = again.learner.read_slot(slot), fresh.read_slot(slot)
-    # the queued step has not run yet: "b"'s slot holds exactly a fresh slot's state
-    leaves = zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want))
-    assert all(np.array_equal(g, w) for g, w in leaves)
+def test_engine_loop_compiles_the_sizes_when_idle_or_overdue_never_before_the_first_answer(sock_dir):
+    engine = Engine(config(sock_dir, micro_batch=4, compile_cache_dir=""))
+    try:
+        sizes = lambda: sorted(k for k in engine.core.learner._compiled if isinstance(k, int))
+        assert engine.core.ready == [1] and sizes() == []
+        engine._warm_from = 10.0                  # run() sets: start + 1 s
+        engine._warm_step(busy=False, now=5.0)    # quiet, but within the first second: wait
+        assert sizes() == []
+        engine._warm_step(busy=False, now=11.0)   # a quiet first second: idle, compile one size
+        assert sizes() == [2] and engine.core.ready == [1, 2]
+        engine._warm_step(busy=True, now=12.0)    # busy and not overdue: messages first
+        assert sizes() == [2]
+        engine._warm_step(busy=True, now=13.5)    # busy for 2 s: compile anyway, one at a time
+        assert sizes() == [2, 4] and engine.core.ready == [1, 2, 4]
+        engine._warm_step(busy=False, now=14.0)
+        assert engine._warming is False
+    finally:
+        engine.close()
 
 
 # ---- streamtrace bench --config ------------------------------------------------------------------

@@ -51,9 +51,6 @@ class EngineCore:
                              "set model.n_out to the model's output size")
         self.streams: dict[str, Stream] = {}
         self.free = list(range(ec.slots - 1, -1, -1))
-        # slots never used since the start need no reset (only their per-slot count of calls
-        # has moved): the first stream is answered without waiting for the reset program
-        self._pristine = set(self.free)
         self.metrics = Metrics()
         self.metrics.counters.update(parked=0, unparked=0, park_dropped=0)
         self.parking = ParkingLot(ec.park_s, ec.max_parked)
@@ -72,35 +69,27 @@ class EngineCore:
     def warmup(self):
         """Compile every program now, so no message waits for the compiler."""
         self.warmup_first()
-        self.warmup_rest()
-        self.warmup_write()
+        for _ in self.warmup_later():
+            pass
 
     def warmup_first(self):
-        """What the first answer needs: the 1-step program (and the slot reset, once a slot
-        has been used: after a resume).
-        Until ``warmup_rest`` compiles them, larger micro-batch sizes are not used."""
+        """The 1-step program and the slot programs (reset, parking's read and write): what
+        the first answers need. Larger micro-batch sizes wait for ``warmup_later``."""
         self.ready = [1]
         self.learner.compiled()
-        if self.learner.slots is not None and not self._pristine:
+        if self.learner.slots is not None:
             self.learner.compiled_reset()
+            if self.parking.enabled:     # a no-op write of slot 0 compiles the read and the write
+                self.learner.write_slot(0, self.learner.read_slot(0))
 
-    def warmup_rest(self, stop=lambda: False):
-        """The micro-batch sizes and the slot read/write of parking; safe to run on another
-        thread while the engine steps: ``tick`` uses a size only once it is in ``ready``."""
-        if self.learner.slots is not None and not stop():
-            self.learner.compiled_reset()    # compiles only: the state is not touched
+    def warmup_later(self):
+        """The micro-batch sizes, one per ``next()``: the engine loop compiles them between
+        messages; ``tick`` uses a size once it is in ``ready``."""
         for k in self.buckets:
-            if k > 1 and not stop():
+            if k > 1:
                 self.learner.compiled(k)
                 self.ready.append(k)
-        if self.learner.slots is not None and self.parking.enabled and not stop():
-            self.learner.read_slot(0)        # compiles the slot read (reads, never writes, the state)
-
-    def warmup_write(self):
-        """Compile the parking slot write by writing slot 0 its own state: a no-op, but it
-        replaces the learner's buffers, so only the thread that steps may call it."""
-        if self.learner.slots is not None and self.parking.enabled:
-            self.learner.write_slot(0, self.learner.read_slot(0))
+                yield
 
     # ---- ingest -----------------------------------------------------------------------
     def ingest(self, raw: bytes, origin=None, t_recv: float | None = None) -> list:
@@ -214,9 +203,8 @@ class EngineCore:
         if not self.free:
             return None
         slot = self.free.pop()
-        if fresh and slot not in self._pristine:
+        if fresh:
             self.learner.reset_slot(slot)
-        self._pristine.discard(slot)
         return slot
 
     def evict_idle(self, now: float | None = None):
@@ -366,7 +354,6 @@ class EngineCore:
         if path is None:
             return None
         self.learner.load_state_dict(arrays)
-        self._pristine.clear()           # every slot now holds the checkpoint's state
         extra = header.get("extra", {})
         self.steps, self.version = int(extra.get("steps", 0)), int(extra.get("version", 0))
         self.streams.clear()

@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import threading
 import time
 
 import zmq
@@ -26,6 +25,8 @@ from .receive import recv_message
 __all__ = ["Engine", "serve", "open_engine"]
 
 log = logging.getLogger("streamtrace.engine")
+
+WARM_OVERDUE_S = 2.0     # busy since the first answer this long: compile between messages anyway
 
 
 def open_compile_cache(path: str):
@@ -57,9 +58,7 @@ class Engine:
         self.resumed = self.core.resume()   # before compiling: a foreign checkpoint refuses fast
         # listen as soon as the first answer can be given; the rest compiles after it (run)
         self.core.warmup_first()
-        self._warmer: threading.Thread | None = None
-        self._warm_stop = False
-        self._write_warm = False
+        self._warming = None
         self.ctx = ctx or zmq.Context.instance()
         self._stop = False
         self._auth = None
@@ -118,6 +117,20 @@ class Engine:
         return {name: sock.getsockopt(zmq.LAST_ENDPOINT).decode()
                 for name, sock in (("router", self.router), ("pull", self.pull), ("pub", self.pub)) if sock}
 
+    def _warm_step(self, busy: bool, now: float):
+        """After the first answer (or a quiet first second), compile the remaining programs
+        one at a time when the engine is idle, or under constant traffic from WARM_OVERDUE_S
+        on. Between messages rather than on a thread: nothing traces on two threads at once,
+        and the step never shares the CPUs with the compiler; a message that arrives during
+        one compile waits for it (from the cache: ~0.1-0.3 s for GRU-256)."""
+        if self._warming is None:
+            if not self.core.steps and now < self._warm_from:
+                return
+            self._warming, self._warm_from = self.core.warmup_later(), now + WARM_OVERDUE_S
+        if not busy or now >= self._warm_from:
+            if next(self._warming, False) is False:
+                self._warming = False
+
     def stop(self, *_):
         self._stop = True
 
@@ -134,18 +147,6 @@ class Engine:
                 except zmq.Again:
                     self.core.metrics.count("dropped")
 
-    def _warm_rest(self):
-        """Compile the micro-batch sizes on a thread once the engine has answered (or sat
-        idle): a (re)start answers after one program instead of all of them. The thread never
-        touches the learner's state; until a size is ready, ``tick`` uses smaller calls."""
-        def work():
-            try:
-                self.core.warmup_rest(stop=lambda: self._warm_stop)
-            except Exception:   # noqa: BLE001 - the engine serves on with the sizes it has
-                log.exception("warm-up of the micro-batch sizes failed; serving with sizes %s", self.core.ready)
-        self._warmer = threading.Thread(target=work, name="streamtrace-warmup", daemon=True)
-        self._warmer.start()
-
     def run(self, *, install_signals: bool = True, max_seconds: float | None = None):
         if install_signals:
             signal.signal(signal.SIGTERM, self.stop)
@@ -157,6 +158,7 @@ class Engine:
         core, clock = self.core, time.monotonic
         stats_every = self.cfg.publish.stats_every_s
         next_stats = clock() + stats_every
+        self._warm_from = clock() + 1.0
         deadline = None if max_seconds is None else clock() + max_seconds
         # read at most this much before stepping: one stream's queue then never passes
         # engine.max_pending, and what waits beyond it stays in ZeroMQ (back-pressure)
@@ -186,15 +188,12 @@ class Engine:
                             events.pop(self.pull, None)
                     if not got:
                         break
-                answered = core.has_pending()
+                busy = bool(events) or core.has_pending()
                 while core.has_pending():
                     self._send(core.tick())
-                if self._warmer is None:          # after the first answer (or first idle poll)
-                    self._warm_rest()
-                elif not (self._write_warm or answered or events or self._warmer.is_alive()):
-                    self._write_warm = True       # idle: the write replaces the state, so this thread
-                    core.warmup_write()
                 now = clock()
+                if self._warming is not False:
+                    self._warm_step(busy, now)
                 if now >= next_stats:
                     next_stats = now + stats_every
                     core.evict_idle(now)
@@ -206,9 +205,6 @@ class Engine:
             self.close()
 
     def close(self):
-        self._warm_stop = True
-        if self._warmer is not None:
-            self._warmer.join()      # at most one program's compile
         try:
             while self.core.has_pending():
                 self._send(self.core.tick())
