@@ -185,10 +185,12 @@ def test_engine_loop_compiles_the_sizes_when_idle_or_overdue_never_before_the_fi
 def test_bench_config_json_has_every_field_and_counts_trace_bytes(tmp_path, capsys):
     from streamtrace.cli import main
     path = tmp_path / "mine.toml"
-    path.write_text('[model]\nn_in = 2\nn_hidden = 3\nn_out = 2\n[engine]\nslots = 2\n')
+    # the user's own model (tests/models.py: a LIF layer and a readout), as serve would build it
+    path.write_text('[model]\nfactory = "models:lif_net"\nn_in = 3\nn_out = 2\n'
+                    '[learning]\nmode = "supervised"\n[engine]\nslots = 2\n')
     assert main(["bench", "--config", str(path), "--json", "--iters", "5"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["model"] == "gru" and out["n_hidden"] == 3 and out["e2e"] is None
+    assert out["model"] == "models:lif_net" and out["n_in"] == 3 and out["e2e"] is None
     assert out["dispatch_floor_us"]["p50"] > 0 and out["dispatch_floor_us"]["n"] > 0
     runs = {(r["algorithm"], r["slots"]): r for r in out["runs"]}
     assert set(runs) == {("d-rtrl", 1), ("d-rtrl", 2), ("es-d-rtrl", 1), ("es-d-rtrl", 2)}
