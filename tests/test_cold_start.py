@@ -181,6 +181,29 @@ def test_engine_loop_compiles_the_sizes_when_idle_or_overdue_never_before_the_fi
         engine.close()
 
 
+def test_a_size_that_fails_to_compile_leaves_the_engine_serving_with_smaller_calls(sock_dir, monkeypatch):
+    engine = Engine(config(sock_dir, micro_batch=2, compile_cache_dir=""))
+    try:
+        real = engine.core.learner.compiled
+
+        def failing(k=None):
+            if k is not None:
+                raise MemoryError("simulated: no memory for the k-step program")
+            return real(k)
+        monkeypatch.setattr(engine.core.learner, "compiled", failing)
+        engine._warm_step(busy=False, now=engine._warm_from + 1)
+        assert engine._warming is False and engine.core.ready == [1]
+        rng = np.random.default_rng(3)
+        for t in range(3):                        # a burst: served one step per call
+            assert engine.core.ingest(data("a", t, rng.normal(size=N_IN).astype(np.float32)), b"o") == []
+        got = []
+        while engine.core.has_pending():
+            got += preds(engine.core.tick())
+        assert len(got) == 3
+    finally:
+        engine.close()
+
+
 # ---- streamtrace bench --config ------------------------------------------------------------------
 def test_bench_config_json_has_every_field_and_counts_trace_bytes(tmp_path, capsys):
     from streamtrace.cli import main

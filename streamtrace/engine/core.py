@@ -64,7 +64,8 @@ class EngineCore:
         self._input_cache: dict = {}
         self.buckets = sorted({1 << i for i in range(ec.micro_batch.bit_length()) if 1 << i <= ec.micro_batch}
                               | {ec.micro_batch})
-        self.ready = list(self.buckets)  # sizes tick may use (compiled on first use, or by warmup_rest)
+        self.ready = list(self.buckets)  # sizes tick may use, ascending (compiled on first use,
+                                         # or after warmup_first only once warmup_later did)
 
     def warmup(self):
         """Compile every program now, so no message waits for the compiler."""
@@ -233,7 +234,7 @@ class EngineCore:
             return []
         out = []
         count = max(len(st.pending) for st in busy)
-        ready = sorted(self.ready)       # a size still compiling waits: its steps go in smaller calls
+        ready = self.ready               # a size not compiled yet: its steps go in smaller calls
         k = next((b for b in ready if b >= count), ready[-1])
         n_msgs = sum(min(len(st.pending), k) for st in busy)
         if self.ckpt and self._since_ckpt + n_msgs > self.cfg.checkpoint.every:

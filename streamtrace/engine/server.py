@@ -58,7 +58,7 @@ class Engine:
         self.resumed = self.core.resume()   # before compiling: a foreign checkpoint refuses fast
         # listen as soon as the first answer can be given; the rest compiles after it (run)
         self.core.warmup_first()
-        self._warming = None
+        self._warming, self._warm_from = None, time.monotonic() + 1.0   # run() restarts the second
         self.ctx = ctx or zmq.Context.instance()
         self._stop = False
         self._auth = None
@@ -128,7 +128,11 @@ class Engine:
                 return
             self._warming, self._warm_from = self.core.warmup_later(), now + WARM_OVERDUE_S
         if not busy or now >= self._warm_from:
-            if next(self._warming, False) is False:
+            try:
+                if next(self._warming, False) is False:
+                    self._warming = False
+            except Exception:   # noqa: BLE001 - serve on with the sizes compiled so far
+                log.exception("compiling a micro-batch size failed; serving with sizes %s", self.core.ready)
                 self._warming = False
 
     def stop(self, *_):
