@@ -4,7 +4,8 @@ serve   run the streaming engine (TOML config; every key has a default that just
 demo    start an engine and several synthetic sensor streams on loopback, show live progress,
         end with a summary table and a PNG plot
 bench   end-to-end latency: sensor -> engine -> prediction round trips, with a bare ZeroMQ +
-        msgpack echo server (the transport floor) measured in the same run
+        msgpack echo server (the transport floor) measured in the same run; with --config FILE,
+        your own model: compile time, step p50/p99, trace memory, against the dispatch floor
 learn   the engine-free online learning demo (one process, loss printed as it falls)
 evaluate  prequential one-step-ahead quality of a config on a task or a CSV/NPY file
 replay  send a recorded CSV/NPY/Parquet file to an engine row by row and score its predictions
@@ -180,18 +181,18 @@ def _plot(path, signal, pred, losses, window):
 
 
 # ---- bench ------------------------------------------------------------------------------
-def _roundtrips(endpoint: str, n: int, cpu: int | None, warmup: int = 500):
+def _roundtrips(endpoint: str, n: int, cpu: int | None, warmup: int = 500, x=None, y=None):
     import numpy as np
 
     from .adapters import SensorClient
     if cpu is not None:
         os.sched_setaffinity(0, {cpu})
-    x = np.zeros(1, np.float32)
+    x = np.zeros(1, np.float32) if x is None else x
     out = np.empty(n)
     with SensorClient(endpoint, stream="bench", timeout_s=30) as c:
         for i in range(warmup + n):
             t0 = time.perf_counter()
-            c.step(x)
+            c.step(x, y)
             if i >= warmup:
                 out[i - warmup] = time.perf_counter() - t0
     if cpu is not None:
@@ -199,8 +200,28 @@ def _roundtrips(endpoint: str, n: int, cpu: int | None, warmup: int = 500):
     return out * 1e6
 
 
+def cmd_bench_config(args) -> int:
+    import json
+
+    from .benchmark import bench_config, format_table
+    from .engine import ConfigError, load_config
+    if args.iters < 1 or args.steps < 1:
+        print(f"bench: --iters and --steps must be >= 1; got {args.iters}, {args.steps}", file=sys.stderr)
+        return 2
+    try:
+        cfg = load_config(args.config)
+        result = bench_config(cfg, iters=args.iters, e2e=args.e2e, e2e_steps=args.steps, config_path=args.config)
+    except ConfigError as e:
+        print("config error: " + " ".join(str(e).split()), file=sys.stderr)
+        return 2
+    print(json.dumps(result, indent=1) if args.json else format_table(result), flush=True)
+    return 1 if any("error" in r for r in result["runs"]) else 0
+
+
 def cmd_bench(args) -> int:
     import numpy as np
+    if args.config:
+        return cmd_bench_config(args)
     work = Path(tempfile.mkdtemp(prefix="streamtrace-bench-"))
     rows = []
     print(f"end-to-end round trips: GRU-{args.hidden} engine vs bare ZeroMQ+msgpack echo, "
@@ -298,8 +319,13 @@ def main(argv=None) -> int:
             p.add_argument("--streams", type=int, default=4)
             p.add_argument("--plot", default="streamtrace-demo.png", help="PNG path ('' for none)")
         p.set_defaults(func=func)
-    p = sub.add_parser("bench", help="end-to-end latency against the ZeroMQ echo floor")
-    p.add_argument("--steps", type=int, default=20000)
+    p = sub.add_parser("bench", help="end-to-end latency against the ZeroMQ echo floor; --config: your model")
+    p.add_argument("--config", default=None, help="time this serve TOML's model: compile, step p50/p99 per "
+                   "algorithm and slot count, trace memory per slot, the dispatch floor")
+    p.add_argument("--json", action="store_true", help="with --config: print the results as JSON")
+    p.add_argument("--e2e", action="store_true", help="with --config: also the end-to-end round trip vs the echo")
+    p.add_argument("--iters", type=int, default=1000, help="with --config: timed steps per run")
+    p.add_argument("--steps", type=int, default=20000, help="round trips per end-to-end run")
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--algorithm", default="d-rtrl")
     p.add_argument("--transports", nargs="+", default=["ipc", "tcp"], choices=["ipc", "tcp"])

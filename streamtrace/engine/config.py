@@ -93,6 +93,8 @@ class EngineSection:
     park_s: float = 3600.0        # an idle-evicted stream's state is kept this long and restored
                                   # when it returns (0: off, a returning stream starts fresh)
     max_parked: int = 256         # most parked streams (oldest dropped first): bounds the memory
+    compile_cache_dir: str = "~/.cache/streamtrace/jax"   # jax's persistent compilation cache: a
+                                  # restart loads the compiled step instead of compiling ("": off)
 
 
 @dataclass
@@ -203,6 +205,9 @@ class EngineConfig:
                    f" (a data message of n_in + n_out float64 values and a 128-character stream name "
                    f"needs up to ~{smallest} bytes)")
         _int_range("engine.cpu", e.cpu, -1, 1 << 20, " (-1: no pinning)")
+        if "\x00" in e.compile_cache_dir:
+            raise ConfigError("engine.compile_cache_dir", "must be a folder path (or '' for no cache); "
+                              "it contains a NUL character")
         if e.on_gap not in ("reject", "accept"):
             raise ConfigError("engine.on_gap", f"{e.on_gap!r}: choose 'reject' or 'accept'")
         seen = {}

@@ -64,17 +64,33 @@ class EngineCore:
         self._input_cache: dict = {}
         self.buckets = sorted({1 << i for i in range(ec.micro_batch.bit_length()) if 1 << i <= ec.micro_batch}
                               | {ec.micro_batch})
+        self.ready = list(self.buckets)  # sizes tick may use, ascending (compiled on first use,
+                                         # or after warmup_first only once warmup_later did)
 
     def warmup(self):
-        """Compile every micro-batch size now, so no message waits for the compiler."""
+        """Compile every program now, so no message waits for the compiler."""
+        self.warmup_first()
+        for _ in self.warmup_later():
+            pass
+
+    def warmup_first(self):
+        """The 1-step program and the slot programs (reset, parking's read and write): what
+        the first answers need. Larger micro-batch sizes wait for ``warmup_later``."""
+        self.ready = [1]
         self.learner.compiled()
+        if self.learner.slots is not None:
+            self.learner.compiled_reset()
+            if self.parking.enabled:     # a no-op write of slot 0 compiles the read and the write
+                self.learner.write_slot(0, self.learner.read_slot(0))
+
+    def warmup_later(self):
+        """The micro-batch sizes, one per ``next()``: the engine loop compiles them between
+        messages; ``tick`` uses a size once it is in ``ready``."""
         for k in self.buckets:
             if k > 1:
                 self.learner.compiled(k)
-        if self.learner.slots is not None:
-            self.learner.compiled_reset()
-            if self.parking.enabled:       # compiles the slot read and write (a no-op write)
-                self.learner.write_slot(0, self.learner.read_slot(0))
+                self.ready.append(k)
+                yield
 
     # ---- ingest -----------------------------------------------------------------------
     def ingest(self, raw: bytes, origin=None, t_recv: float | None = None) -> list:
@@ -218,7 +234,8 @@ class EngineCore:
             return []
         out = []
         count = max(len(st.pending) for st in busy)
-        k = next((b for b in self.buckets if b >= count), self.buckets[-1])
+        ready = self.ready               # a size not compiled yet: its steps go in smaller calls
+        k = next((b for b in ready if b >= count), ready[-1])
         n_msgs = sum(min(len(st.pending), k) for st in busy)
         if self.ckpt and self._since_ckpt + n_msgs > self.cfg.checkpoint.every:
             self.save_checkpoint()

@@ -17,6 +17,7 @@ import zmq.auth
 
 from ..learner.checkpoint import CheckpointError
 from .config import ConfigError, EngineConfig
+from .compile_cache import disable as disable_compile_cache, enable as enable_compile_cache, resolve
 from .core import EngineCore
 from .preflight import check_environment, check_security
 from .receive import recv_message
@@ -24,6 +25,23 @@ from .receive import recv_message
 __all__ = ["Engine", "serve", "open_engine"]
 
 log = logging.getLogger("streamtrace.engine")
+
+WARM_OVERDUE_S = 2.0     # busy since the first answer this long: compile between messages anyway
+
+
+def open_compile_cache(path: str):
+    """jax's persistent compilation cache at ``path`` ("": off). A folder that cannot be
+    made costs speed, not service: the engine starts without the cache and says so."""
+    folder = resolve(path)
+    if folder is None:
+        disable_compile_cache()
+        return None
+    try:
+        return enable_compile_cache(folder)
+    except OSError as e:
+        log.warning("engine.compile_cache_dir: cannot use %s (%s); compiling without a cache", folder, e)
+        disable_compile_cache()
+        return None
 
 
 class Engine:
@@ -35,9 +53,12 @@ class Engine:
         if cfg.engine.sync_dispatch:
             import jax
             jax.config.update("jax_cpu_enable_async_dispatch", False)
+        self.cache_dir = open_compile_cache(cfg.engine.compile_cache_dir)
         self.core = EngineCore(cfg)
         self.resumed = self.core.resume()   # before compiling: a foreign checkpoint refuses fast
-        self.core.warmup()
+        # listen as soon as the first answer can be given; the rest compiles after it (run)
+        self.core.warmup_first()
+        self._warming, self._warm_from = None, time.monotonic() + 1.0   # run() restarts the second
         self.ctx = ctx or zmq.Context.instance()
         self._stop = False
         self._auth = None
@@ -96,6 +117,24 @@ class Engine:
         return {name: sock.getsockopt(zmq.LAST_ENDPOINT).decode()
                 for name, sock in (("router", self.router), ("pull", self.pull), ("pub", self.pub)) if sock}
 
+    def _warm_step(self, busy: bool, now: float):
+        """After the first answer (or a quiet first second), compile the remaining programs
+        one at a time when the engine is idle, or under constant traffic from WARM_OVERDUE_S
+        on. Between messages rather than on a thread: nothing traces on two threads at once,
+        and the step never shares the CPUs with the compiler; a message that arrives during
+        one compile waits for it (from the cache: ~0.1-0.3 s for GRU-256)."""
+        if self._warming is None:
+            if not self.core.steps and now < self._warm_from:
+                return
+            self._warming, self._warm_from = self.core.warmup_later(), now + WARM_OVERDUE_S
+        if not busy or now >= self._warm_from:
+            try:
+                if next(self._warming, False) is False:
+                    self._warming = False
+            except Exception:   # noqa: BLE001 - serve on with the sizes compiled so far
+                log.exception("compiling a micro-batch size failed; serving with sizes %s", self.core.ready)
+                self._warming = False
+
     def stop(self, *_):
         self._stop = True
 
@@ -123,6 +162,7 @@ class Engine:
         core, clock = self.core, time.monotonic
         stats_every = self.cfg.publish.stats_every_s
         next_stats = clock() + stats_every
+        self._warm_from = clock() + 1.0
         deadline = None if max_seconds is None else clock() + max_seconds
         # read at most this much before stepping: one stream's queue then never passes
         # engine.max_pending, and what waits beyond it stays in ZeroMQ (back-pressure)
@@ -152,9 +192,12 @@ class Engine:
                             events.pop(self.pull, None)
                     if not got:
                         break
+                busy = bool(events) or core.has_pending()
                 while core.has_pending():
                     self._send(core.tick())
                 now = clock()
+                if self._warming is not False:
+                    self._warm_step(busy, now)
                 if now >= next_stats:
                     next_stats = now + stats_every
                     core.evict_idle(now)

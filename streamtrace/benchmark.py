@@ -1,0 +1,164 @@
+"""``streamtrace bench --config FILE``: time the user's own model, as ``serve`` would build it.
+
+For each algorithm (d-rtrl, es-d-rtrl) and slot count (1 and the config's ``engine.slots``):
+the time to build and to compile the step, the step latency (median, p99) of the compiled
+step as the engine calls it, and the eligibility-trace memory per slot. The jax dispatch
+floor (a trivial compiled call, numpy in and out) is timed in the same run, so a step can be
+read against what any jax program costs on this machine. ``e2e=True`` adds the end-to-end
+round trip through a real engine process against a bare ZeroMQ + msgpack echo.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import time
+import tomllib
+from pathlib import Path
+
+import numpy as np
+
+from .engine.config import EngineConfig
+
+__all__ = ["bench_config", "dispatch_floor", "trace_bytes_per_slot", "format_table"]
+
+ALGORITHMS = ("d-rtrl", "es-d-rtrl")
+
+
+def _percentiles(seconds) -> dict:
+    us = np.asarray(seconds) * 1e6
+    return {"p50": float(np.median(us)), "p99": float(np.percentile(us, 99)), "n": int(us.size)}
+
+
+def _timed(call, iters: int, warmup: int, max_seconds: float):
+    """Per-call wall times of ``call`` (which must block until its result is ready)."""
+    for _ in range(warmup):
+        call()
+    out, clock = [], time.perf_counter
+    stop_at = clock() + max_seconds
+    for i in range(iters):
+        t0 = clock()
+        call()
+        out.append(clock() - t0)
+        if i >= 20 and clock() > stop_at:   # a slow model: fewer samples, not a stalled bench
+            break
+    return out
+
+
+def dispatch_floor(iters: int = 2000, warmup: int = 200, max_seconds: float = 5.0) -> dict:
+    """The cost of calling a trivial AOT-compiled jax program with numpy in and out."""
+    import jax
+    x = np.zeros(1, np.float32)
+    fn = jax.jit(lambda v: v + 1).lower(x).compile()
+    return _percentiles(_timed(lambda: np.asarray(fn(x)), iters, warmup, max_seconds))
+
+
+def trace_bytes_per_slot(learner) -> int:
+    """Bytes of the eligibility traces one slot carries (from the packed state layout)."""
+    total = sum(math.prod(shape) * np.dtype(dtype).itemsize
+                for name, shape, dtype in learner.layout.entries() if name.startswith("traces."))
+    return total // learner.n
+
+
+def _variant(cfg: EngineConfig, algorithm: str) -> EngineConfig:
+    c = copy.deepcopy(cfg)
+    if c.learning.algorithm != algorithm:
+        c.learning.algorithm = algorithm
+        if algorithm != "es-d-rtrl":        # a trace decay only exists for es-d-rtrl
+            c.learning.decay = c.learning.rank = 0.0
+    return c.validate()
+
+
+def _one(cfg: EngineConfig, slots: int, iters: int, warmup: int, max_seconds: float) -> dict:
+    from .engine.build import build_learner
+    t0 = time.perf_counter()
+    learner = build_learner(cfg, slots=slots, shared_weights=cfg.engine.shared_weights)
+    t1 = time.perf_counter()
+    learner.compiled()
+    t2 = time.perf_counter()
+    rng = np.random.default_rng(0)
+    x = (0.1 * rng.standard_normal((learner.n,) + learner.x_shape)).astype(learner.x_dtype)
+    y = (0.1 * rng.standard_normal((learner.n,) + learner.out_shape)).astype(learner.y_dtype)
+    on = np.ones(learner.n, bool)
+    times = _timed(lambda: learner.step_unchecked(x, y, on, on), iters, warmup, max_seconds)
+    return {"algorithm": cfg.learning.algorithm, "slots": slots, "build_s": t1 - t0, "compile_s": t2 - t1,
+            "step_us": _percentiles(times), "trace_bytes_per_slot": trace_bytes_per_slot(learner)}
+
+
+def bench_config(cfg: EngineConfig, *, algorithms=ALGORITHMS, iters: int = 1000, warmup: int = 100,
+                 max_seconds: float = 10.0, e2e: bool = False, e2e_steps: int = 5000,
+                 config_path: str | None = None) -> dict:
+    """Every measurement in one run; a dict ready for ``json.dumps`` (times in us / s)."""
+    warmup = min(warmup, iters)
+    m = cfg.model
+    result = {"config": config_path, "model": m.factory or m.stack, "n_in": m.n_in, "n_hidden": m.n_hidden,
+              "n_out": m.n_out, "precision": m.precision, "mode": cfg.learning.mode,
+              "shared_weights": cfg.engine.shared_weights, "dispatch_floor_us": dispatch_floor(), "runs": []}
+    for algorithm in algorithms:
+        for slots in sorted({1, cfg.engine.slots}):
+            try:
+                row = _one(_variant(cfg, algorithm), slots, iters, warmup, max_seconds)
+            except Exception as e:  # noqa: BLE001 - a model one algorithm cannot trace: say so, go on
+                row = {"algorithm": algorithm, "slots": slots, "error": f"{type(e).__name__}: {e}"}
+            result["runs"].append(row)
+    result["e2e"] = e2e_roundtrip(cfg, config_path, e2e_steps) if e2e else None
+    return result
+
+
+def e2e_roundtrip(cfg: EngineConfig, config_path: str | None, steps: int) -> dict:
+    """One sensor's round trips over ipc: the engine serving this config, then the echo floor."""
+    import subprocess
+    import sys
+    import tempfile
+
+    from .cli import _roundtrips, start_engine, stop, write_config
+    work = Path(tempfile.mkdtemp(prefix="st-bench-", dir="/tmp"))
+    sections = tomllib.loads(Path(config_path).read_text()) if config_path else {}
+    sections.update(sockets={"router": f"ipc://{work}/engine", "pull": "", "pub": ""},
+                    publish={"weights_every": 0, "stats_every_s": 3600.0, "predictions": False},
+                    checkpoint={"dir": ""})
+    supervised = cfg.learning.mode == "supervised"
+    x = np.zeros(cfg.model.n_in, np.float64 if cfg.model.precision == 64 else np.float32)
+    y = np.zeros(cfg.model.n_out, x.dtype) if supervised else None
+    out = {"transport": "ipc", "steps": steps}
+    for server in ("echo", "engine"):
+        ep = f"ipc://{work}/{server}"
+        if server == "echo":
+            proc = subprocess.Popen([sys.executable, "-m", "streamtrace.engine.echo", ep, "-1"],
+                                    stdout=subprocess.PIPE, text=True)
+            proc.stdout.readline()
+        else:
+            proc = start_engine(write_config(work / "engine.toml", sections))
+        try:
+            lat = _roundtrips(ep, steps, None, warmup=min(500, steps), x=x, y=y)
+        finally:
+            stop(proc)
+        out[server] = {"p50": float(np.median(lat)), "p99": float(np.percentile(lat, 99))}
+    out["p50_ratio"] = out["engine"]["p50"] / out["echo"]["p50"]
+    out["p99_ratio"] = out["engine"]["p99"] / out["echo"]["p99"]
+    return out
+
+
+def _kib(n: int) -> str:
+    return f"{n / 1024:.1f} KiB" if n < 1 << 20 else f"{n / (1 << 20):.2f} MiB"
+
+
+def format_table(r: dict) -> str:
+    f = r["dispatch_floor_us"]
+    lines = [f"model {r['model']} {r['n_in']}->{r['n_hidden']}->{r['n_out']} (float{r['precision']}, {r['mode']}, "
+             f"{'shared' if r['shared_weights'] else 'per-stream'} weights); jax dispatch floor "
+             f"p50 {f['p50']:.1f} us, p99 {f['p99']:.1f} us", "",
+             "| algorithm | slots | compile s | step p50 us | step p99 us | x floor | traces per slot |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for row in r["runs"]:
+        if "error" in row:
+            lines.append(f"| {row['algorithm']} | {row['slots']} | - | - | - | - | {row['error']} |")
+            continue
+        s = row["step_us"]
+        lines.append(f"| {row['algorithm']} | {row['slots']} | {row['compile_s']:.2f} | {s['p50']:.1f} | "
+                     f"{s['p99']:.1f} | {s['p50'] / f['p50']:.1f} | {_kib(row['trace_bytes_per_slot'])} |")
+    e = r.get("e2e")
+    if e:
+        lines += ["", f"end to end ({e['transport']}, one sensor, {e['steps']} round trips): engine p50 "
+                  f"{e['engine']['p50']:.0f} us, p99 {e['engine']['p99']:.0f} us; echo p50 {e['echo']['p50']:.0f} us, "
+                  f"p99 {e['echo']['p99']:.0f} us; ratio p50 {e['p50_ratio']:.2f}x, p99 {e['p99_ratio']:.2f}x"]
+    return "\n".join(lines)
