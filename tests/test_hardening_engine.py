@@ -422,7 +422,9 @@ def test_server_refuses_multipart_floods_without_keeping_the_memory(engine):
             r = c.recv(raise_errors=False)
             assert r["type"] == "error" and r["code"] in ("too_large", "bad_frames"), r
             growth = _rss_bytes(proc.pid) - base
-            assert growth < 50e6, f"engine RSS grew by {growth / 1e6:.0f} MB"
+            # a kept flood is 200 MB each (the old receive: +208 MB, then +409 MB); the bound
+            # leaves room for the allocator and the engine's own warm-up between messages
+            assert growth < 150e6, f"engine RSS grew by {growth / 1e6:.0f} MB"
         # a normal message afterwards is answered, at the seq the refused one did not use
         assert c.step(rng.normal(size=N_IN), rng.normal(size=N_OUT))["seq"] == 1
     # over PULL: a multi-part message and a get_weights are refused on the PUB error topic
