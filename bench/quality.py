@@ -41,7 +41,8 @@ CONFIGS = {
                       "readout": {"kind": "rls", "delta": 1e-8}, "learning": {"optimizer": "frozen"}},
     # tuned for NARMA-10 (small input scaling on the raw u in [0, 0.5], radius 0.95): supervised
     "reservoir-300 narma": {"model": {**_RES, "n_hidden": 300},
-                            "reservoir": {"input_scaling": 0.05, "spectral_radius": 0.95}, **_FROZEN_RLS},
+                            "reservoir": {"input_scaling": 0.05, "spectral_radius": 0.95},
+                            "readout": {"kind": "rls", "delta": 1e-8}, "learning": {"optimizer": "frozen"}},
     # the hybrid: the same 200-unit reservoir, its weights learning through D-RTRL traces from
     # the RLS readout's error, beside the fixed one (default)
     "hybrid-200 d-rtrl": {"model": {**_RES, "n_hidden": 200}, "signal": {"normalise": True, "residual": True},
