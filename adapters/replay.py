@@ -82,7 +82,7 @@ def _is_value(cell: str) -> bool:
 def read_table(path: str | Path) -> Table:
     """The named columns of a CSV (header row optional), NPY (columns "0", "1", ...) or Parquet
     file, cells kept as they are so that bad ones can be reported row by row."""
-    from streamtrace.tasks import TaskError, parquet_columns
+    from streamtrace.tasks import TaskError, load_npy, parquet_columns
     path = Path(path)
     if not path.is_file():
         raise ReplayError(f"{path}: no such file")
@@ -96,12 +96,9 @@ def read_table(path: str | Path) -> Table:
         return Table(list(cols), {str(k): list(v) for k, v in cols.items()}, [f"row {i + 1}" for i in range(n)])
     if suffix == ".npy":
         try:
-            a = np.load(path, allow_pickle=False)
-        except ValueError as e:
-            raise ReplayError(f"{path}: not a numeric .npy array ({e})") from None
-        if a.dtype.kind not in "fiu" or a.ndim not in (1, 2):
-            raise ReplayError(f"{path}: need a 1-D or 2-D numeric array; got {a.dtype} of shape {a.shape}")
-        a = a.reshape(len(a), -1).astype(np.float64)
+            a = load_npy(path)
+        except TaskError as e:
+            raise ReplayError(str(e)) from None
         names = [str(j) for j in range(a.shape[1])]
         return Table(names, {n: a[:, j] for j, n in enumerate(names)}, [f"row {i + 1}" for i in range(len(a))])
     try:

@@ -179,6 +179,17 @@ def sunspots() -> np.ndarray:
 
 
 # ---- files --------------------------------------------------------------------------------
+def load_npy(path: str | Path) -> np.ndarray:
+    """A 1-D or 2-D numeric .npy file as a (time, channels) float64 array (no pickles)."""
+    try:
+        x = np.load(path, allow_pickle=False)
+    except ValueError as e:
+        raise TaskError(f"{path}: not a numeric .npy array ({e})") from None
+    if x.dtype.kind not in "fiu" or x.ndim not in (1, 2):
+        raise TaskError(f"{path}: need a 1-D or 2-D numeric array; got {x.dtype} of shape {x.shape}")
+    return x.reshape(len(x), -1).astype(np.float64)
+
+
 def load_file(path: str | Path) -> np.ndarray:
     """A (time, channels) series from a .npy, .parquet or CSV file (optional header row; every
     column whose values are all numbers or empty is a channel; empty cells are forward-filled)."""
@@ -192,14 +203,7 @@ def load_file(path: str | Path) -> np.ndarray:
             raise TaskError(f"{path}: no numeric columns with at least 3 rows")
         return forward_fill(np.array(cols, np.float64).T)   # None (a null) became NaN: a gap
     if path.suffix.lower() == ".npy":
-        try:
-            x = np.load(path, allow_pickle=False)
-        except ValueError as e:
-            raise TaskError(f"{path}: not a numeric .npy array ({e})") from None
-        if x.dtype.kind not in "fiu" or x.ndim not in (1, 2):
-            raise TaskError(f"{path}: need a 1-D or 2-D numeric array; got {x.dtype} of shape {x.shape}")
-        x = x.astype(np.float64)
-        return forward_fill(x[:, None] if x.ndim == 1 else x)
+        return forward_fill(load_npy(path))
     with open(path, newline="") as fh:
         rows = [r for r in csv.reader(fh) if r and any(c.strip() for c in r)]
     if not rows:
