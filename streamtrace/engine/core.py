@@ -52,7 +52,6 @@ class EngineCore:
         self.streams: dict[str, Stream] = {}
         self.free = list(range(ec.slots - 1, -1, -1))
         self.metrics = Metrics()
-        self.metrics.counters.update(parked=0, unparked=0, park_dropped=0)
         self.parking = ParkingLot(ec.park_s, ec.max_parked)
         self._internal_logged: set = set()
         self.version = 0                 # weights version (bumped at every publish)

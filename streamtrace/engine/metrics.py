@@ -14,7 +14,8 @@ class Metrics:
     def __init__(self, window: int = 20000):
         self.counters = {"received": 0, "accepted": 0, "answered": 0, "errors": 0, "dropped": 0,
                          "steps": 0, "updates": 0, "skipped": 0, "lost_on_resync": 0,
-                         "checkpoints": 0, "weights_published": 0, "reply_failures": 0}
+                         "checkpoints": 0, "weights_published": 0, "reply_failures": 0,
+                         "parked": 0, "unparked": 0, "park_dropped": 0}
         self.errors_by_code: dict[str, int] = {}
         self.latency_us: deque = deque(maxlen=window)
         self.stream_loss: dict[str, float] = {}

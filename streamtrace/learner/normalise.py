@@ -31,12 +31,11 @@ class Normalise(Transform):
     def describe(self):
         return {"kind": self.name, "warmup": self.warmup, "rate": self.rate, "eps": self.eps}
 
-    def init(self, n, x_shape, y_shape, channels):
-        self.channels = channels
+    def init(self, n, x_shape, y_shape):
         st = lambda shape: {"mean": jnp.zeros((n,) + tuple(shape), jnp.float32),
                             "var": jnp.ones((n,) + tuple(shape), jnp.float32)}
         state = {"n": jnp.zeros(n, jnp.float32), "x": st(x_shape)}
-        if channels is None:
+        if self.channels is None:
             state["y"] = st(y_shape)
         return state
 

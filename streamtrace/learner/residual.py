@@ -12,11 +12,10 @@ __all__ = ["Residual", "residual"]
 class Residual(Transform):
     name = "residual"
 
-    def init(self, n, x_shape, y_shape, channels):
+    def bind(self, channels):
         if channels is None:
             raise ValueError("residual forecasting needs forecast mode (the target is a future input)")
-        self.channels = channels
-        return {}
+        return super().bind(channels)
 
     def _last(self, x):
         return x[..., self.channels]

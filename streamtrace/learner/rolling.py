@@ -32,7 +32,7 @@ class RollingMetrics:
         y = target.reshape(n, -1).astype(dt)
         new = {"se": e * e, "ae": jnp.abs(e), "y": y, "y2": y * y}
         s = scored[:, None]
-        out = {k: jnp.where(s, (1 - a) * state[k] + a * jnp.where(s, v, 0.0), state[k]) for k, v in new.items()}
+        out = {k: jnp.where(s, (1 - a) * state[k] + a * v, state[k]) for k, v in new.items()}
         out["n"] = state["n"] + scored.astype(jnp.int32)
         return out
 

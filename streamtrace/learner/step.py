@@ -19,7 +19,6 @@ slot axis and the shared step runs under ``vmap`` with one slot each.
 """
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 
 import jax
@@ -84,9 +83,9 @@ class StepFunctions:
         if cfg.reduce not in ("mean", "sum"):
             raise ValueError(f"reduce must be 'mean' or 'sum'; got {cfg.reduce!r}")
         self.algo, self.loss_fn, self.cfg = algo, loss_fn, cfg
-        # a copy: init() records the forecast channels on the transform, so one object handed
-        # to two learners would otherwise give the first the second's channels
-        self.transform = copy.deepcopy(transform) if transform is not None else Identity()
+        # forecast of all channels: the target is the whole next input
+        channels = cfg.channels if cfg.mode != "forecast" or cfg.channels else slice(None)
+        self.transform = (transform or Identity()).bind(channels)
         self.readout = readout
         self.learn_model = not (isinstance(optimizer, str) and optimizer == "frozen")
         self.store = ParamStore(algo.graph.init_params(), groups, separate=not self.learn_model)
@@ -102,11 +101,6 @@ class StepFunctions:
         self._vstep = jax.vmap(lambda p, h, tr, x: algo(p, h, tr, x), in_axes=(None, 0, 0, 0))
         self._vforward = jax.vmap(lambda p, h, tr, x: algo.forward(p, h, tr, (x,)), in_axes=(None, 0, 0, 0))
         self._vplain = jax.vmap(lambda p, h, x: algo.graph.run(p, h, (x,)), in_axes=(None, 0, 0))
-
-    @property
-    def param_layout(self):
-        """The packed weight block's layout (no parameter groups)."""
-        return self.store.layouts[None]
 
     # ---- params as one block (or one per group) ------------------------------------------
     def to_block(self, params: dict):
@@ -135,9 +129,7 @@ class StepFunctions:
             state["pending"] = {"x": jnp.zeros((n_slots,) + tuple(x_shape), x_dtype),
                                 "valid": jnp.zeros(n_slots, jnp.int32),
                                 "pred": jnp.zeros((n_slots,) + y_shape, y_dtype or x_dtype)}
-        # forecast of all channels: the target is the whole next input
-        channels = self.cfg.channels if self.cfg.mode != "forecast" or self.cfg.channels else slice(None)
-        sig = self.transform.init(n_slots, tuple(x_shape), y_shape, channels)
+        sig = self.transform.init(n_slots, tuple(x_shape), y_shape)
         if sig:
             state["signal"] = sig
         if self.readout is not None:
@@ -187,10 +179,13 @@ class StepFunctions:
             return out, None
         r = self.readout.features(out, z)
         held = jax.tree_util.tree_map(jax.lax.stop_gradient, state["readout"])
-        return self.readout.predict(held, r).reshape((out.shape[0],) + self._pred_shape()), r
+        return self.readout.predict(held, r).reshape((out.shape[0],) + self._y_shape), r
 
-    def _pred_shape(self):
-        return tuple(self._y_shape)
+    def _feed_back(self, x, pred):
+        """The next input of a rollout: the prediction in the forecast channels, the other
+        (exogenous) channels held at their last value."""
+        pred = pred.astype(x.dtype)
+        return pred if self.cfg.channels is None else x.at[..., self.cfg.channels].set(pred)
 
     def _learn_readout(self, state, r, t_model, learning):
         if self.readout is None:
@@ -307,10 +302,8 @@ class StepFunctions:
         z = T.encode(sig, x)
         out, h = self._vplain(params, state["hidden"], z)
         keep = x_ok & jnp.isfinite(_slot_sum(h))
-        r = self.readout.features(out, z)
-        preds = [T.decode(sig, x, self.readout.predict(state["readout"], r).reshape((x.shape[0],) + self._pred_shape()))]
-        if self.cfg.horizon > 1:
-            preds += self._rollout(state, h, x, first=preds[0])[1:]
+        pred_m, r = self._head(state, out, z)
+        preds = self._rollout(state, h, x, T.decode(sig, x, pred_m))
         state = self._finish(state, active & ~keep, learning, losses, pend["pred"], y_now, has_prev)
         state = {**state, "hidden": _slot_where(keep, h, state["hidden"]),
                  "pending": {"x": jnp.where(_lead(keep, x), x, pend["x"]),
@@ -363,22 +356,17 @@ class StepFunctions:
 
     def _rollout(self, state, h, x, first=None):
         """Predictions of the next ``horizon`` values from hidden state h and input x (user
-        units): each one is fed back as the next input (other channels held at their last
-        value), with the weights as they are now; no learning. ``first``: h already took x
-        and predicted this; continue from there."""
+        units), with the weights as they are now; no learning. Each prediction is fed back as
+        the next input. ``first``: h has already taken x and made this prediction."""
         params, sig, T = self.from_block(state["params"]), self._signal(state), self.transform
         preds = [] if first is None else [first]
         if first is not None:
-            x = first.astype(x.dtype) if self.cfg.channels is None else \
-                x.at[..., self.cfg.channels].set(first.astype(x.dtype))
-        for i in range(len(preds), self.cfg.horizon):
+            x = self._feed_back(x, first)
+        while len(preds) < self.cfg.horizon:
             z = T.encode(sig, x)
             out, h = self._vplain(params, h, z)
-            pred = T.decode(sig, x, self._head(state, out, z)[0])
-            preds.append(pred)
-            if i + 1 < self.cfg.horizon:
-                x = pred.astype(x.dtype) if self.cfg.channels is None else \
-                    x.at[..., self.cfg.channels].set(pred.astype(x.dtype))
+            preds.append(T.decode(sig, x, self._head(state, out, z)[0]))
+            x = self._feed_back(x, preds[-1])
         return preds
 
     def _predict(self, state, x, active):

@@ -2,8 +2,10 @@
 
 A transform is a small pure object (optax style) working on per-slot arrays (leading axis N):
 
-    init(n, x_shape, y_shape, channels) -> state   channels: what a forecast predicts, an index
-                                                     into x's last axis (None: supervised targets)
+    bind(channels) -> transform                     a copy fitted to what a forecast predicts: an
+                                                     index into x's last axis (None: supervised
+                                                     targets); the learner binds what it is given
+    init(n, x_shape, y_shape) -> state
     encode(state, x) -> x'                          the model's input
     target(state, x, y) -> y'                       the model-space target of a prediction made
                                                      from input x (user units, as x arrived)
@@ -17,13 +19,21 @@ normaliser first so the residual is taken in normalised units.
 """
 from __future__ import annotations
 
+import copy
+
 __all__ = ["Transform", "chain", "Identity"]
 
 
 class Transform:
     name = "transform"
+    channels = None
 
-    def init(self, n, x_shape, y_shape, channels):
+    def bind(self, channels) -> "Transform":
+        out = copy.copy(self)
+        out.channels = channels
+        return out
+
+    def init(self, n, x_shape, y_shape):
         return {}
 
     def encode(self, state, x):
@@ -59,8 +69,11 @@ class _Chain(Transform):
         if len(set(names)) != len(names):
             raise ValueError(f"chain: each transform at most once; got {names}")
 
-    def init(self, n, x_shape, y_shape, channels):
-        return {p.name: p.init(n, x_shape, y_shape, channels) for p in self.parts}
+    def bind(self, channels):
+        return _Chain(p.bind(channels) for p in self.parts)
+
+    def init(self, n, x_shape, y_shape):
+        return {p.name: p.init(n, x_shape, y_shape) for p in self.parts}
 
     def _inputs(self, state, x):
         xs = [x]
