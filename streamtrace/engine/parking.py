@@ -2,8 +2,8 @@
 stream that returns resumes where it left off instead of starting fresh.
 
 Each entry holds what ``OnlineLearner.read_slot`` gives (hidden state, traces, pending
-forecast input; with per-slot weights also weights and optimizer state) and the stream's
-expected seq. Entries expire after ``park_s`` seconds; at most ``max_parked`` are kept (the
+forecast input, transform statistics, readout, rolling metrics; with per-slot weights also
+weights and optimizer state) and the stream's expected seq. Entries expire after ``park_s`` seconds; at most ``max_parked`` are kept (the
 oldest is dropped first), so memory stays bounded whatever streams come and go.
 """
 from __future__ import annotations
