@@ -300,6 +300,30 @@ def cmd_replay(args) -> int:
     return run_cli(args)
 
 
+BUSES = {"lsl": "Lab Streaming Layer: forward an LSL stream to an engine, predictions back as an LSL outlet",
+         "mqtt": "MQTT: forward device topics to an engine, predictions back on mirrored topics"}
+
+
+def cmd_bridge(args) -> int:
+    import importlib
+    return importlib.import_module(f"streamtrace.adapters.{args.bus}").run_cli(args)
+
+
+def _bridge_parsers(sub):
+    import importlib
+    p = sub.add_parser("bridge", help="connect a sensor bus (LSL, MQTT) to an engine, predictions back on the bus")
+    buses = p.add_subparsers(dest="bus", required=True)
+    for bus, text in BUSES.items():
+        b = buses.add_parser(bus, help=text, description=text)
+        b.add_argument("--config", default=None, help="TOML: [bridge.%s] settings; the engine endpoint from "
+                       "[sockets] router (the serve config works)" % bus)
+        b.add_argument("--endpoint", default=None, help="the engine's router (default: the config's, or "
+                       "tcp://127.0.0.1:5555)")
+        # each bridge module names its own flags; it imports its bus library only when it runs
+        importlib.import_module(f"streamtrace.adapters.{bus}").add_arguments(b)
+        b.set_defaults(func=cmd_bridge)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="streamtrace", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -360,6 +384,7 @@ def main(argv=None) -> int:
     p.add_argument("--serve", default=None, metavar="CONFIG",
                    help="start an engine with this TOML config for the replay, and stop it afterwards")
     p.set_defaults(func=cmd_replay)
+    _bridge_parsers(sub)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

@@ -147,6 +147,8 @@ class EngineConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     security: SecurityConfig = field(default_factory=SecurityConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    # [bridge.lsl], [bridge.mqtt]: read and checked by the bridges (streamtrace.adapters), not the engine
+    bridge: dict = field(default_factory=dict)
 
     def validate(self) -> "EngineConfig":
         """Every value on its own and against the others; what needs the machine (files,
@@ -359,18 +361,30 @@ def _fill(obj, data: dict, where: str):
         setattr(obj, key, value)
 
 
+def read_toml(path: str | Path) -> dict:
+    try:
+        return tomllib.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ConfigError("--config", f"file {path} not found") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError("--config", f"cannot read {path}: {e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError("--config", f"{path}: invalid TOML: {e}") from None
+
+
+def fill_section(obj, data: dict, where: str):
+    """Set the fields of dataclass ``obj`` from ``data``, refusing unknown keys and wrong types
+    as ``ConfigError`` naming ``where``+key (for sections other modules own, e.g. bridges)."""
+    if not isinstance(data, dict):
+        raise ConfigError(where.rstrip("."), f"must be a table ([{where.rstrip('.')}]); got {data!r}")
+    _fill(obj, data, where)
+    return obj
+
+
 def load_config(path: str | Path | None = None, overrides: dict | None = None) -> EngineConfig:
     cfg = EngineConfig()
     if path:
-        try:
-            data = tomllib.loads(Path(path).read_text())
-        except FileNotFoundError:
-            raise ConfigError("--config", f"file {path} not found") from None
-        except (OSError, UnicodeDecodeError) as e:
-            raise ConfigError("--config", f"cannot read {path}: {e}") from None
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError("--config", f"{path}: invalid TOML: {e}") from None
-        _fill(cfg, data, "")
+        _fill(cfg, read_toml(path), "")
     if overrides:
         _fill(cfg, overrides, "")
     return cfg.validate()

@@ -1,0 +1,109 @@
+"""What every bus bridge (``streamtrace bridge lsl|mqtt``) shares: its settings from the
+serve TOML, the engine endpoint, its counters and the summary it prints.
+
+A bridge is a process of its own between a sensor bus and the engine: samples from the bus
+go to the engine through an :class:`~streamtrace.adapters.link.EngineLink`, predictions go
+back onto the bus. A bad payload on the bus is counted by its reason and dropped before it
+reaches the engine; it never stops the bridge.
+"""
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+__all__ = ["BridgeStats", "load_bridge_config", "engine_endpoint", "stop_event"]
+
+DEFAULT_ENDPOINT = "tcp://127.0.0.1:5555"
+
+
+def load_bridge_config(path, bus: str, settings):
+    """``settings`` (a dataclass instance of the bridge's defaults) filled from ``[bridge.<bus>]``
+    of the TOML at ``path`` (nothing when ``path`` is None); unknown keys and wrong types are a
+    ``ConfigError`` naming the key. Returns ``(settings, router endpoint of [sockets] or None)``."""
+    from streamtrace.engine.config import fill_section, read_toml
+    if not path:
+        return settings, None
+    data = read_toml(path)
+    bridge = data.get("bridge", {})
+    if not isinstance(bridge, dict):
+        from streamtrace.engine.config import ConfigError
+        raise ConfigError("bridge", f"must be a table ([bridge.{bus}]); got {bridge!r}")
+    fill_section(settings, bridge.get(bus, {}), f"bridge.{bus}.")
+    router = data.get("sockets", {}).get("router") if isinstance(data.get("sockets"), dict) else None
+    return settings, router
+
+
+def engine_endpoint(flag: str | None, from_config: str | None) -> str:
+    """The flag wins, then the config's ``sockets.router``, then the default. A bound address
+    (``tcp://*:5555``, ``tcp://0.0.0.0:5555``) is turned into one to connect to."""
+    ep = flag or from_config or DEFAULT_ENDPOINT
+    for wildcard in ("tcp://*:", "tcp://0.0.0.0:"):
+        if ep.startswith(wildcard):
+            ep = "tcp://127.0.0.1:" + ep[len(wildcard):]
+    return ep
+
+
+@dataclass
+class BridgeStats:
+    """Counters of one bridge run; ``bad`` and ``refused`` are keyed by reason / engine code."""
+    received: int = 0            # samples taken off the bus
+    forwarded: int = 0           # sent to the engine
+    answered: int = 0            # predictions back from the engine
+    published: int = 0           # predictions put on the bus
+    bad: Counter = field(default_factory=Counter)       # bus payloads dropped, by reason
+    refused: Counter = field(default_factory=Counter)   # engine refusals, by code
+    rtt_s: list = field(default_factory=list)           # engine round trips (bounded sample)
+    started: float = field(default_factory=time.monotonic)
+
+    MAX_RTT = 100_000
+
+    def bad_payload(self, reason: str):
+        self.bad[reason] += 1
+
+    def answer(self, answer):
+        if answer.error is not None:
+            self.refused[answer.error] += 1
+            return
+        self.answered += 1
+        if answer.rtt_s is not None and len(self.rtt_s) < self.MAX_RTT:
+            self.rtt_s.append(answer.rtt_s)
+
+    def summary(self) -> dict:
+        d = asdict(self)
+        d.pop("rtt_s"), d.pop("started")
+        d["bad"], d["refused"] = dict(self.bad), dict(self.refused)
+        d["seconds"] = round(time.monotonic() - self.started, 3)
+        if self.rtt_s:
+            r = np.asarray(self.rtt_s) * 1e6
+            d["engine_rtt_us"] = {"p50": round(float(np.median(r)), 1), "p99": round(float(np.percentile(r, 99)), 1)}
+        return d
+
+    def print(self, bus: str, file=sys.stderr):
+        s = self.summary()
+        bad = ", ".join(f"{k} {v}" for k, v in sorted(s["bad"].items())) or "none"
+        refused = ", ".join(f"{k} {v}" for k, v in sorted(s["refused"].items())) or "none"
+        rtt = s.get("engine_rtt_us")
+        print(f"{bus} bridge: {s['received']} samples received, {s['forwarded']} forwarded, {s['answered']} "
+              f"answered, {s['published']} predictions published in {s['seconds']:.1f} s; bad payloads: {bad}; "
+              f"engine refusals: {refused}" + (f"; engine round trip p50 {rtt['p50']} us, p99 {rtt['p99']} us"
+                                               if rtt else ""), file=file)
+
+    def json(self) -> str:
+        return json.dumps(self.summary())
+
+
+def stop_event() -> threading.Event:
+    """Set on SIGTERM / SIGINT (main thread only), so a bridge loop ends cleanly and prints its
+    summary."""
+    ev = threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: ev.set())
+    return ev
