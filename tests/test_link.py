@@ -92,3 +92,30 @@ def test_engine_refusals_are_answers_with_their_code(engine):
     (a,) = drain(link, 1)
     link.close()
     assert a.error == "bad_shape" and a.pred is None and link.counts["refused:bad_shape"] == 1
+
+
+def test_bridge_settings_come_from_the_serve_toml_and_name_bad_keys(tmp_path):
+    from dataclasses import dataclass
+
+    from streamtrace.adapters.bridge import engine_endpoint, load_bridge_config
+    from streamtrace.engine.config import ConfigError, load_config
+
+    @dataclass
+    class Settings:
+        qos: int = 0
+        topic: str = "sensors/+/data"
+
+    good = tmp_path / "good.toml"
+    good.write_text('[sockets]\nrouter = "tcp://*:5999"\n[bridge.mqtt]\nqos = 1\n')
+    load_config(good)                               # the engine accepts the file with a bridge section
+    s, router = load_bridge_config(good, "mqtt", Settings())
+    assert (s.qos, s.topic) == (1, "sensors/+/data")
+    assert engine_endpoint(None, router) == "tcp://127.0.0.1:5999"   # bound -> connectable
+    assert engine_endpoint("ipc:///tmp/x", router) == "ipc:///tmp/x"
+    for body, key in (('[bridge.mqtt]\nqso = 1\n', "bridge.mqtt.qso"), ('[bridge.mqtt]\nqos = "one"\n', "bridge.mqtt.qos"),
+                      ('bridge = 3\n', "bridge")):
+        bad = tmp_path / "bad.toml"
+        bad.write_text(body)
+        with pytest.raises(ConfigError) as e:
+            load_bridge_config(bad, "mqtt", Settings())
+        assert e.value.key == key
