@@ -7,8 +7,10 @@ as they arrive (``poll``). Its socket can join a ``zmq.Poller`` with the bus's o
 
 Sequence numbers: after a bridge restart the engine still holds each stream's state and
 expects its next number; the first sample is then refused as ``repeat`` (or ``gap``) with the
-number the engine expects, the link adopts it, and the stream goes on from there. Samples
-refused that way are counted (``resynced``), not resent: a resend would reorder the stream.
+number the engine expects, the link adopts it, and the stream goes on from there. The same
+happens after a sample the engine refused unread (a wrong shape): its number was not used.
+Samples refused that way are counted (``resynced``), not resent: a resend would reorder the
+stream.
 """
 from __future__ import annotations
 
@@ -24,9 +26,6 @@ from streamtrace import wire
 from .client import _curve, decode_reply
 
 __all__ = ["EngineLink", "Answer"]
-
-SEQ_ERRORS = ("repeat", "gap")
-
 
 @dataclass
 class Answer:
@@ -111,10 +110,11 @@ class EngineLink:
         code = msg.get("code", "?")
         self.counts[f"refused:{code}"] += 1
         expected = msg.get("expected")
-        if code in SEQ_ERRORS and isinstance(expected, int) and sent is not None \
-                and sent[1] == self.epoch.get(stream, 0):
-            # the engine numbers this stream differently (it knew it before us): continue from its
-            # number; refusals of samples sent before this point are then stale and ignored
+        if isinstance(expected, int) and sent is not None and sent[1] == self.epoch.get(stream, 0) \
+                and expected != self.next_seq.get(stream):
+            # the engine numbers this stream differently (it knew it before us, or refused a sample
+            # unread without using its number): continue from its number; refusals of samples sent
+            # before this point are then stale and ignored
             self.next_seq[stream] = expected
             self.epoch[stream] = sent[1] + 1
             self.counts["resynced"] += 1

@@ -119,3 +119,18 @@ def test_bridge_settings_come_from_the_serve_toml_and_name_bad_keys(tmp_path):
         with pytest.raises(ConfigError) as e:
             load_bridge_config(bad, "mqtt", Settings())
         assert e.value.key == key
+
+
+def test_a_sample_refused_unread_does_not_cost_the_stream_its_numbering(engine):
+    link = EngineLink(engine["router"])
+    link.send("unread", [0.0, 0.0])
+    link.send("unread", [1.0, 2.0, 3.0])       # bad_shape: the engine does not use seq 1
+    for i in range(3):
+        link.send("unread", [0.1 * i, 0.0])    # in flight behind it: refused as gaps (seq 2..4)
+    first = drain(link, 5)
+    assert [a.error for a in first] == [None, "bad_shape", "gap", "gap", "gap"]
+    assert link.next_seq["unread"] == 1 and link.counts["resynced"] == 1
+    link.send("unread", [0.5, 0.5])
+    (after,) = drain(link, 1)
+    link.close()
+    assert after.error is None and after.seq == 1
