@@ -86,15 +86,15 @@ class Device:
             payload = json.dumps(payload)
         self.c.publish(topic, payload, qos=self.qos)
 
-    def take(self, n: int, topic: str | None = None, timeout: float = 30.0) -> list:
-        """The next ``n`` messages (on ``topic`` when given), decoded from JSON."""
+    def take(self, n: int, topic: str | tuple | None = None, timeout: float = 30.0) -> list:
+        """The next ``n`` messages (on ``topic``, or one of the topics, when given), from JSON."""
         out, end = [], time.monotonic() + timeout
         while len(out) < n:
             try:
                 t, p, _ = self.inbox.get(timeout=max(0.0, end - time.monotonic()))
             except queue.Empty:
                 raise AssertionError(f"got {len(out)} of {n} messages on {topic or 'any topic'}") from None
-            if topic is None or t == topic:
+            if topic is None or t == topic or (isinstance(topic, tuple) and t in topic):
                 out.append(json.loads(p))
         return out
 
@@ -178,7 +178,7 @@ def test_two_devices_are_two_streams_each_with_its_own_model(engine, broker, bri
         for t in range(n):
             for name, xs in data.items():
                 dev.publish(f"sensors/{name}/data", [xs[t]])       # the bare-array payload
-        got = dev.take(2 * n)
+        got = dev.take(2 * n, tuple(f"sensors/{name}/pred" for name in data))
     finally:
         dev.close()
     for name, xs in data.items():
@@ -243,14 +243,14 @@ def test_a_broker_restart_keeps_the_engines_state_and_counts_the_disconnect(engi
         xs, got = sine(60, period=17.0), []
         for t in range(30):                    # lockstep: one answer before the next sample
             dev.publish("sensors/kept/data", [xs[t]])
-            got += dev.take(1)
+            got += dev.take(1, "sensors/kept/pred")
         b.kill()
         wait_for(lambda: br.net["disconnects"] == 1, what="the bridge to notice the broker's death")
         b.start()                              # the same port
         wait_for(lambda: br.connected.is_set() and dev.subscribed.is_set(), 20, "both to reconnect")
         for t in range(30, 60):
             dev.publish("sensors/kept/data", [xs[t]])
-            got += dev.take(1)
+            got += dev.take(1, "sensors/kept/pred")
     finally:
         if dev is not None:
             dev.close()
