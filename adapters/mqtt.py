@@ -39,6 +39,7 @@ from .payload import BadPayload, decode_sample
 __all__ = ["MqttSettings", "MqttBridge", "add_arguments", "run_cli"]
 
 _inproc_ids = itertools.count()
+ENGINE_SILENT_S = 5.0
 
 
 @dataclass
@@ -135,6 +136,8 @@ class MqttBridge:
         self._push: dict[int, zmq.Socket] = {}   # one per paho thread (there is one)
         self._closing = False
         self._version = None
+        self._last_sent, self._unanswered_since, self._said_silent = 0.0, None, False
+        self.engine_silent_s = ENGINE_SILENT_S
         self._level = self.settings.stream_level
         self._pattern = self.settings.topic.split("/")
         self._thread: threading.Thread | None = None
@@ -177,6 +180,7 @@ class MqttBridge:
         client.max_queued_messages_set(10000)     # bounded while the broker is away (QoS 1/2)
         client.on_connect, client.on_disconnect = self._on_connect, self._on_disconnect
         client.on_message, client.on_subscribe = self._on_message, self._on_subscribe
+        client.on_connect_fail = self._on_connect_fail
         self._client, self._mqtt = client, mqtt
         self._say(f"mqtt bridge: broker {s.host}:{s.port}, samples from {s.topic}, predictions to "
                   f"{s.pred_topic}, engine {self.endpoint}")
@@ -193,6 +197,7 @@ class MqttBridge:
                 if link.sock in ready:
                     for a in link.poll(0):
                         self._answer(a)
+                self._check_engine()
             end = time.monotonic() + s.drain_s     # answers to samples already sent
             while link.in_flight and time.monotonic() < end:
                 for a in link.poll(0.05):
@@ -226,6 +231,12 @@ class MqttBridge:
             return
         self.net["subscribed"] += 1
         self.connected.set()            # ready: samples published from now on reach the bridge
+
+    def _on_connect_fail(self, client, userdata):
+        self.net["connect_failures"] += 1
+        if self.net["connect_failures"] == 1 or self.connected.is_set():
+            self._say(f"mqtt bridge: cannot reach the broker at {self.settings.host}:{self.settings.port}; "
+                      "retrying")
 
     def _on_disconnect(self, client, userdata, flags, reason_code, properties=None):
         self.connected.clear()
@@ -279,6 +290,19 @@ class MqttBridge:
             self.stats.bad_payload("non_finite")
             return
         self.stats.forwarded += 1
+        self._last_sent = time.monotonic()
+        if self._unanswered_since is None:
+            self._unanswered_since = self._last_sent
+
+    def _check_engine(self):
+        """Say once when samples have gone unanswered for ``engine_silent_s`` while more kept coming
+        (the engine is down, or elsewhere); quiet again after the next answer."""
+        since = self._unanswered_since
+        if since is not None and self._last_sent - since > self.engine_silent_s and not self._said_silent:
+            self._said_silent = True
+            self.counts["engine_silent"] += 1
+            self._say(f"mqtt bridge: no answer from the engine at {self.endpoint} for {self.engine_silent_s:g} s "
+                      f"({self.link.in_flight} samples waiting): is it running there?")
 
     def stream_id(self, topic: str) -> str | None:
         """The stream a topic's samples belong to, or None when it names none the engine takes."""
@@ -298,6 +322,7 @@ class MqttBridge:
         return sid if ok else None
 
     def _answer(self, a):
+        self._unanswered_since, self._said_silent = None, False
         self.stats.answer(a)
         if a.error is not None:
             return

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from engine_helpers import running_engine
-from mqtt_broker import Broker, BrokerMissing
+from mqtt_broker import Broker, BrokerMissing, free_port
 from streamtrace import wire
 from streamtrace.adapters import SensorClient
 from streamtrace.adapters.mqtt import MqttBridge, MqttSettings, settings_from, topic_matches
@@ -70,6 +70,8 @@ class Device:
         def on_connect(c, u, f, rc, p=None):
             for t in subscribe:
                 c.subscribe(t, qos)
+            if not subscribe:
+                self.subscribed.set()
 
         def on_subscribe(c, u, mid, rcs, p=None):
             self.subscribed.set()
@@ -79,7 +81,7 @@ class Device:
         self.qos = qos
         self.c.connect("127.0.0.1", port)
         self.c.loop_start()
-        assert self.subscribed.wait(10), "the test device could not subscribe"
+        assert self.subscribed.wait(10), "the test device could not connect and subscribe"
 
     def publish(self, topic: str, payload):
         if not isinstance(payload, (bytes, str)):
@@ -367,3 +369,30 @@ def test_payload_forms_decode_to_the_values_sent():
     with pytest.raises(BadPayload) as e:
         decode_sample(b"[" * 30000 + b"]" * 30000)             # nesting: no crash, a reason
     assert e.value.reason in ("wrong_type", "not_json_or_msgpack")
+
+
+def test_an_unreachable_broker_and_a_silent_engine_are_said_not_fatal(broker, tmp_path):
+    import io
+    log = io.StringIO()
+    nowhere = MqttBridge(MqttSettings(port=free_port(), reconnect_min_s=0.1, reconnect_max_s=0.2), log=log).start()
+    wait_for(lambda: nowhere.net["connect_failures"] >= 2, what="connection retries")
+    assert nowhere.stop()["mqtt"]["connect_failures"] >= 2
+    assert log.getvalue().count("cannot reach the broker at 127.0.0.1") == 1      # said once, retried
+    log = io.StringIO()
+    br = MqttBridge(MqttSettings(port=broker.port), f"ipc://{tmp_path}/no-engine", log=log)
+    br.engine_silent_s = 0.3
+    br.start()
+    dev = None
+    try:
+        assert br.connected.wait(15)
+        dev = Device(broker.port, subscribe=())
+        for i in range(10):
+            dev.publish("sensors/lonely/data", [float(i)])
+            time.sleep(0.1)
+        wait_for(lambda: br.counts["engine_silent"] == 1, what="the silent engine noticed")
+    finally:
+        if dev is not None:
+            dev.close()
+        s = br.stop()
+    assert s["forwarded"] == 10 and s["answered"] == 0 and s["mqtt"]["engine_silent"] == 1
+    assert "no answer from the engine at ipc://" in log.getvalue()
