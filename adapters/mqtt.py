@@ -234,7 +234,7 @@ class MqttBridge:
 
     def _on_connect_fail(self, client, userdata):
         self.net["connect_failures"] += 1
-        if self.net["connect_failures"] == 1 or self.connected.is_set():
+        if self.net["connect_failures"] == 1:          # paho retries on its own; say it once
             self._say(f"mqtt bridge: cannot reach the broker at {self.settings.host}:{self.settings.port}; "
                       "retrying")
 
@@ -271,7 +271,14 @@ class MqttBridge:
                 topic, payload = pull.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            self._ingest(topic.decode(), payload)
+            try:
+                self._ingest(topic.decode(), payload)
+            except Exception:  # noqa: BLE001 - a bug here must not end the bridge: count, say once
+                self.stats.bad_payload("internal")
+                if self.stats.bad["internal"] == 1:
+                    import traceback
+                    self._say("mqtt bridge: internal error on one payload (dropped, counted as 'internal'):\n"
+                              + traceback.format_exc())
 
     def _ingest(self, topic: str, payload: bytes):
         self.stats.received += 1

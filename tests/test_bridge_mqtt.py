@@ -9,7 +9,7 @@ the bridge stream's, exactly, also across a broker restart), and the payloads' k
 from __future__ import annotations
 
 import json
-import os
+import math
 import queue
 import signal
 import subprocess
@@ -21,13 +21,15 @@ from collections import Counter
 import msgpack
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as hs
 
 from engine_helpers import running_engine
 from mqtt_broker import Broker, BrokerMissing, free_port
 from streamtrace import wire
 from streamtrace.adapters import SensorClient
 from streamtrace.adapters.mqtt import MqttBridge, MqttSettings, settings_from, topic_matches
-from streamtrace.adapters.payload import BadPayload, decode_sample
+from streamtrace.adapters.payload import REASONS, BadPayload, decode_sample
 from streamtrace.cli import write_config
 from streamtrace.engine.config import ConfigError
 
@@ -366,6 +368,8 @@ def test_payload_forms_decode_to_the_values_sent():
     with pytest.raises(BadPayload, match="'ts' must be a number") as e:
         decode_sample(b'{"x": [1], "ts": true}')
     assert e.value.reason == "wrong_type"
+    with pytest.raises(BadPayload, match="beyond the float range"):
+        decode_sample(b"[1" + b"0" * 400 + b"]")
     with pytest.raises(BadPayload) as e:
         decode_sample(b"[" * 30000 + b"]" * 30000)             # nesting: no crash, a reason
     assert e.value.reason in ("wrong_type", "not_json_or_msgpack")
@@ -396,3 +400,24 @@ def test_an_unreachable_broker_and_a_silent_engine_are_said_not_fatal(broker, tm
         s = br.stop()
     assert s["forwarded"] == 10 and s["answered"] == 0 and s["mqtt"]["engine_silent"] == 1
     assert "no answer from the engine at ipc://" in log.getvalue()
+
+
+_json_values = hs.recursive(
+    hs.none() | hs.booleans() | hs.integers(-2**63, 2**63 - 1) | hs.floats() | hs.text(max_size=5),
+    lambda inner: hs.lists(inner, max_size=4) | hs.dictionaries(hs.sampled_from(["x", "y", "ts", "mode", "q"]),
+                                                                 inner, max_size=3),
+    max_leaves=12)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(raw=hs.binary(max_size=64) | _json_values.map(lambda v: json.dumps(v).encode())
+       | _json_values.map(lambda v: msgpack.packb(v)))
+def test_any_payload_is_a_finite_sample_or_a_counted_reason(raw):
+    try:
+        s = decode_sample(raw)
+    except BadPayload as e:
+        assert e.reason in REASONS
+        return
+    assert s.x.ndim >= 1 and s.x.size > 0 and np.all(np.isfinite(s.x))
+    assert s.y is None or (s.y.size > 0 and np.all(np.isfinite(s.y)))
+    assert s.ts is None or math.isfinite(s.ts)
