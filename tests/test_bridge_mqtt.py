@@ -90,8 +90,8 @@ class Device:
             payload = json.dumps(payload)
         self.c.publish(topic, payload, qos=self.qos)
 
-    def take(self, n: int, topic: str | tuple | None = None, timeout: float = 30.0) -> list:
-        """The next ``n`` messages (on ``topic``, or one of the topics, when given), from JSON."""
+    def take(self, n: int, topic: str | tuple | None = None, timeout: float = 30.0, decode=json.loads) -> list:
+        """The next ``n`` messages (on ``topic``, or one of the topics, when given), decoded."""
         out, end = [], time.monotonic() + timeout
         while len(out) < n:
             try:
@@ -99,7 +99,7 @@ class Device:
             except queue.Empty:
                 raise AssertionError(f"got {len(out)} of {n} messages on {topic or 'any topic'}") from None
             if topic is None or t == topic or (isinstance(topic, tuple) and t in topic):
-                out.append(json.loads(p))
+                out.append(decode(p))
         return out
 
     def close(self):
@@ -172,6 +172,12 @@ def test_a_device_sine_is_learned_and_predictions_come_back_in_order(engine, bro
     assert versions[-1] > versions[0]          # weights_every = 50: the engine published new weights
     assert notices and notices == sorted(set(notices)) and notices[-1] == versions[-1]
     assert set(versions[versions.index(notices[0]):]) <= set(notices)
+    late = Device(broker.port, subscribe=("sensors/weights",))   # retained: a late subscriber learns it
+    try:
+        (notice,) = late.take(1, "sensors/weights", timeout=10)
+    finally:
+        late.close()
+    assert notice["version"] == versions[-1]
 
 
 def test_two_devices_are_two_streams_each_with_its_own_model(engine, broker, bridge):
@@ -275,7 +281,8 @@ def test_the_cli_bridge_reads_its_config_stops_on_sigterm_and_writes_its_stats(e
     ep, _ = engine
     cfg = write_config(tmp_path / "serve.toml", {"sockets": {"router": ep["router"]},
                                                  "bridge.mqtt": {"port": 1, "topic": "plant/+/in",
-                                                                 "pred_topic": "plant/{id}/out"}})
+                                                                 "pred_topic": "plant/{id}/out",
+                                                                 "format": "msgpack"}})
     stats = tmp_path / "stats.json"
     proc = subprocess.Popen([sys.executable, "-m", "streamtrace", "bridge", "mqtt", "--config", str(cfg),
                              "--port", str(broker.port), "--stats-json", str(stats)],   # the flag wins
@@ -286,13 +293,14 @@ def test_the_cli_bridge_reads_its_config_stops_on_sigterm_and_writes_its_stats(e
         for v in (0.1, 0.2, 0.3):
             dev.publish("plant/pump7/in", [v])
         dev.publish("plant/pump7/in", b"{broken")
-        got = dev.take(3, "plant/pump7/out")
+        got = dev.take(3, "plant/pump7/out", decode=wire.decode)     # our wire format
     finally:
         dev.close()
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
     assert [p["seq"] for p in got] == [0, 1, 2] and all(p["stream"] == "pump7" for p in got)
+    assert all(p["type"] == "prediction" and wire.unpack_array(p["pred"]).shape == (1,) for p in got)
     s = json.loads(stats.read_text())
     # the three samples, the broken one and the probe(s) that found the bridge up
     assert s["received"] == s["forwarded"] + 1 and s["forwarded"] == s["answered"] == s["published"] >= 4
