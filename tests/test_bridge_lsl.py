@@ -57,11 +57,12 @@ def pred_inlet(name: str, timeout: float = 30.0):
 
 
 def collect(inlet, want: int, timeout: float = 60.0):
-    xs, ts, end = [], [], time.monotonic() + timeout
-    while len(ts) < want and time.monotonic() < end:
+    xs, ts, got, end = [], [], 0, time.monotonic() + timeout
+    while got < want and time.monotonic() < end:
         x, t = inlet.pull_chunk(timeout=0.2, max_samples=1024, min_samples=1, as_numpy=True)
         if len(t):
             xs.append(np.asarray(x, np.float64)), ts.append(np.asarray(t))
+            got += len(t)
     return (np.concatenate(xs) if xs else np.zeros((0, 2)), np.concatenate(ts) if ts else np.zeros(0))
 
 
