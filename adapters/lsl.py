@@ -11,9 +11,11 @@ sample's time in *this* host's LSL clock. A prediction is pushed with the timest
 sample it was made from: in forecast mode the value stamped t predicts the sample after t.
 
 pylsl is imported only when a bridge runs (the CLI imports this module for every command).
-Each inlet has a reader thread that waits for samples (so a sample is picked up when it
-arrives, not at the next poll) and hands them to the bridge's loop over an inproc socket; the
-loop waits on those sockets and the engine's at once.
+Each LSL stream has a thread of its own with its own engine connection: it waits for the
+stream's samples (a blocking pull, so a sample is taken when it arrives), forwards them, and
+while answers are due waits on the engine's socket and pushes each prediction as it comes. No
+sample or answer passes through a second thread (on a loaded machine every hand-over between
+threads costs a scheduler wake-up).
 """
 from __future__ import annotations
 
@@ -33,6 +35,9 @@ __all__ = ["LslSettings", "LslBridge", "LslBridgeError", "add_arguments", "run_c
 
 STRING_FORMAT, UNDEFINED_FORMAT = 3, 0      # pylsl.cf_string, pylsl.cf_undefined
 CLOCK_REFRESH_S = 5.0                       # LSL re-estimates offsets about this often
+SAMPLE_WAIT_S = 0.05                        # a blocking pull returns at the first sample; this bounds stop
+ANSWER_WAIT_S = 0.0005                      # while answers are due: how long new samples may wait
+ENGINE_SILENT_S = 1.0                       # no answer for this long: stop waiting on the engine
 
 
 class LslBridgeError(RuntimeError):
@@ -127,7 +132,7 @@ class LslBridge:
         self.streams: dict[str, _Stream] = {}
         self.refused_streams: dict[str, str] = {}     # LSL uid -> why it is not bridged
         self._own_uids: set[str] = set()              # our prediction outlets are never inputs
-        self._inbox = f"inproc://lsl-bridge-{id(self)}"
+        self._lock = threading.Lock()                 # stats are counted by every stream's thread
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -156,38 +161,22 @@ class LslBridge:
 
     # ---- the loop --------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> BridgeStats:
+        """Resolve, then bridge until ``stop`` is set; each stream runs in a thread of its own,
+        this one looks for new matching streams."""
         import pylsl
-        from .link import EngineLink
         self._stop = stop
-        s = self.settings
-        inbox = self.ctx.socket(zmq.PULL)
-        inbox.setsockopt(zmq.LINGER, 0)
-        inbox.bind(self._inbox)
-        link = EngineLink(self.endpoint, ctx=self.ctx)
-        resolver = pylsl.ContinuousResolver(pred=s.predicate_text())
-        poller = zmq.Poller()
-        poller.register(inbox, zmq.POLLIN)
-        poller.register(link.sock, zmq.POLLIN)
+        resolver = pylsl.ContinuousResolver(pred=self.settings.predicate_text())
         try:
             self._wait_for_streams(resolver, stop)
-            next_scan = time.monotonic() + s.rescan_s
-            while not stop.is_set():
-                for sock, _ in poller.poll(100):
-                    if sock is inbox:
-                        self._forward(inbox, link)
-                    else:
-                        self._publish(link.poll(0.0))
-                if s.rescan_s and time.monotonic() >= next_scan:
+            rescan = self.settings.rescan_s
+            while not stop.wait(rescan or 0.5):
+                if rescan:
                     self._attach(resolver.results())
-                    next_scan = time.monotonic() + s.rescan_s
-            self._drain(inbox, link)
         finally:
-            stop.set()                           # the reader threads end within their pull timeout
-            for st in self.streams.values():
+            stop.set()                           # the stream threads end within their pull timeout
+            for st in list(self.streams.values()):
                 if st.thread is not None:
-                    st.thread.join(2.0)
-            link.close()
-            inbox.close(0)
+                    st.thread.join(5.0)
             del resolver
         return self.stats
 
@@ -231,7 +220,7 @@ class LslBridge:
                           f"{_describe(known.info)} already feeds; not bridged (set stream_id)", file=self.log)
                 continue
             st = _Stream(sid, info)
-            st.thread = threading.Thread(target=self._reader, args=(st,), name=f"lsl-in-{sid}", daemon=True)
+            st.thread = threading.Thread(target=self._serve_stream, args=(st,), name=f"lsl-{sid}", daemon=True)
             self.streams[sid] = st
             st.thread.start()
             print(f"lsl bridge: {_describe(info)} -> engine stream {sid!r}", file=self.log)
@@ -242,17 +231,20 @@ class LslBridge:
                                              hostname=info.hostname())
         return sid or info.name()
 
-    # ---- one inlet (its own thread) ----------------------------------------------------------------
-    def _reader(self, st: _Stream):
+    # ---- one stream (its own thread) ------------------------------------------------------------------
+    def _serve_stream(self, st: _Stream):
+        """Samples of one inlet to the engine and its answers back to the stream's outlet, both in
+        this thread: a sample is taken when it arrives (a blocking pull) and sent at once, and
+        while answers are due the thread waits on the engine's socket instead, so neither way
+        goes through another thread."""
         import pylsl
-        out = self.ctx.socket(zmq.PUSH)
-        out.setsockopt(zmq.LINGER, 0)
-        out.connect(self._inbox)
+        from .link import EngineLink
+        link = EngineLink(self.endpoint, ctx=self.ctx)
         try:
             inlet = pylsl.StreamInlet(st.info, max_buflen=360, recover=True)
             inlet.open_stream(self.settings.wait_s)
             self.ready.set()                     # samples pushed from now on reach the bridge
-            next_clock = 0.0
+            next_clock, last_answer = 0.0, time.monotonic()
             while not self._stop.is_set():
                 now = time.monotonic()
                 if now >= next_clock:
@@ -261,58 +253,62 @@ class LslBridge:
                     except pylsl.TimeoutError:
                         pass
                     next_clock = now + CLOCK_REFRESH_S
-                x, ts = inlet.pull_chunk(timeout=0.1, max_samples=self.settings.max_chunk, min_samples=1,
+                if link.in_flight and now - last_answer < ENGINE_SILENT_S:
+                    answers = link.poll(ANSWER_WAIT_S)
+                    if answers:
+                        last_answer = time.monotonic()
+                        self._publish(st, answers)
+                    pull_wait = 0.0
+                else:                            # nothing due (or the engine went silent): wait for the bus
+                    pull_wait = SAMPLE_WAIT_S
+                    last_answer = now
+                x, ts = inlet.pull_chunk(timeout=pull_wait, max_samples=self.settings.max_chunk, min_samples=1,
                                          as_numpy=True)
                 if len(ts):
-                    offset = st.offset_s or 0.0
-                    out.send_pyobj((st.id, np.asarray(x, np.float64), np.asarray(ts) + offset))
+                    self._forward(st, link, x, np.asarray(ts, np.float64) + (st.offset_s or 0.0))
+            end = time.monotonic() + 1.0         # stopping: publish the answers still coming
+            while link.in_flight and time.monotonic() < end:
+                self._publish(st, link.poll(0.05))
         except pylsl.LostError:
             st.error = "the LSL source was lost"
         except Exception as e:  # noqa: BLE001 - one stream's failure must not stop the others
             st.error = f"{type(e).__name__}: {e}"
         finally:
             st.alive = False
-            out.close(0)
+            link.close()
             if st.error:
                 print(f"lsl bridge: stream {st.id!r} stopped: {st.error}", file=self.log)
 
-    # ---- bus -> engine ---------------------------------------------------------------------------------
-    def _forward(self, inbox, link):
-        while True:
+    def _forward(self, st: _Stream, link, x, ts):
+        sent = bad = 0
+        for row, t in zip(x, ts):
             try:
-                sid, x, ts = inbox.recv_pyobj(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            st = self.streams[sid]
-            for row, t in zip(x, ts):
-                self.stats.received += 1
-                st.received += 1
-                try:
-                    link.send(sid, row, ts=float(t))
-                except ValueError:               # NaN / Inf: never reaches the learner
-                    self.stats.bad_payload("not finite")
-                    continue
-                self.stats.forwarded += 1
+                link.send(st.id, row, ts=float(t))
+                sent += 1
+            except ValueError:                   # NaN / Inf: never reaches the learner
+                bad += 1
+        st.received += len(ts)
+        with self._lock:
+            self.stats.received += len(ts)
+            self.stats.forwarded += sent
+            if bad:
+                self.stats.bad["not finite"] += bad
 
-    # ---- engine -> bus ----------------------------------------------------------------------------------
-    def _publish(self, answers):
+    def _publish(self, st: _Stream, answers):
         for a in answers:
-            self.stats.answer(a)
-            st = self.streams.get(a.stream)
-            if st is None:
-                continue
             if a.error is not None:
                 if a.error not in st.reported:   # the first of each kind, with the engine's words
                     st.reported.add(a.error)
                     print(f"lsl bridge: engine refused a sample of {st.id!r}: {a.error}: {a.message}",
                           file=self.log)
-                continue
-            pred = np.asarray(a.pred, np.float64).ravel()
-            if st.outlet is None:
-                st.outlet = self._outlet(st, pred.size)
-            import pylsl
-            st.outlet.push_sample(pred, a.ts if a.ts is not None else pylsl.local_clock())
-            self.stats.published += 1
+            else:
+                pred = np.asarray(a.pred, np.float64).ravel()
+                if st.outlet is None:
+                    st.outlet = self._outlet(st, pred.size)
+                st.outlet.push_sample(pred.tolist(), a.ts or 0.0)   # 0.0: LSL stamps it now
+            with self._lock:
+                self.stats.answer(a)
+                self.stats.published += a.error is None
 
     def _outlet(self, st: _Stream, channels: int):
         import pylsl
@@ -335,14 +331,6 @@ class LslBridge:
         st.outlet_name = name
         print(f"lsl bridge: predictions of {st.id!r} on LSL outlet {name!r} ({channels} channels)", file=self.log)
         return outlet
-
-    def _drain(self, inbox, link, timeout: float = 1.0):
-        """At stop: forward what the readers handed over and publish the answers still coming."""
-        self._forward(inbox, link)
-        end = time.monotonic() + timeout
-        while link.in_flight and time.monotonic() < end:
-            self._publish(link.poll(0.05))
-
     def summary(self) -> dict:
         return {**self.stats.summary(), "streams": {sid: st.summary() for sid, st in self.streams.items()},
                 "refused_streams": list(self.refused_streams.values())}
