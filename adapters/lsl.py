@@ -107,6 +107,7 @@ class _Stream:
     outlet: object = None            # pylsl.StreamOutlet, made at the first prediction
     outlet_name: str = ""
     alive: bool = True
+    opened: threading.Event = field(default_factory=threading.Event)   # its inlet is open
     error: str = ""
     reported: set = field(default_factory=set)   # engine refusal codes already printed
 
@@ -165,7 +166,10 @@ class LslBridge:
         this one looks for new matching streams."""
         import pylsl
         self._stop = stop
-        resolver = pylsl.ContinuousResolver(pred=self.settings.predicate_text())
+        try:
+            resolver = pylsl.ContinuousResolver(pred=self.settings.predicate_text())
+        except RuntimeError:                     # liblsl logs its parser's words on stderr
+            raise LslBridgeError(f"not a valid LSL (XPath 1.0) predicate: {self.settings.predicate_text()}") from None
         try:
             self._wait_for_streams(resolver, stop)
             rescan = self.settings.rescan_s
@@ -243,7 +247,8 @@ class LslBridge:
         try:
             inlet = pylsl.StreamInlet(st.info, max_buflen=360, recover=True)
             inlet.open_stream(self.settings.wait_s)
-            self.ready.set()                     # samples pushed from now on reach the bridge
+            st.opened.set()                      # samples pushed from now on reach the bridge
+            self.ready.set()
             next_clock, last_answer = 0.0, time.monotonic()
             while not self._stop.is_set():
                 now = time.monotonic()

@@ -30,7 +30,7 @@ from streamtrace.engine.config import ConfigError  # noqa: E402
 GRU = {
     "model": {"stack": "gru", "n_in": 2, "n_hidden": 16, "n_out": 2},
     "learning": {"algorithm": "d-rtrl", "mode": "forecast", "optimizer": "adam", "lr": 1e-2},
-    "engine": {"slots": 4, "micro_batch": 1, "park_s": 0.0},
+    "engine": {"slots": 8, "micro_batch": 1, "park_s": 0.0},   # one per test stream
     "publish": {"weights_every": 0, "stats_every_s": 3600.0, "predictions": False},
     "checkpoint": {"dir": ""},
 }
@@ -158,6 +158,35 @@ def test_no_matching_stream_names_what_was_searched_for():
     bridge = LslBridge(LslSettings(name=name, type="EEG", wait_s=0.3), "ipc:///tmp/st-no-engine-here")
     with pytest.raises(LslBridgeError, match=rf"no LSL stream matching name='{name}' and type='EEG' within 0.3 s"):
         bridge.run(threading.Event())
+
+
+def test_an_invalid_predicate_is_named():
+    bridge = LslBridge(LslSettings(predicate="name=='x' and (", wait_s=1), "ipc:///tmp/st-no-engine-here")
+    with pytest.raises(LslBridgeError, match=r"not a valid LSL \(XPath 1.0\) predicate: \(name=='x' and \(\)"):
+        bridge.run(threading.Event())
+
+
+def test_a_stream_appearing_later_is_picked_up(engine):
+    prefix = unique("late")
+    first = make_outlet(prefix + "-a")
+    settings = LslSettings(predicate=f"starts-with(name, '{prefix}')", rescan_s=0.2, wait_s=10)
+    bridge = LslBridge(settings, engine["router"]).start()
+    try:
+        assert bridge.ready.wait(15)
+        second = make_outlet(prefix + "-b")
+        assert wait_until(lambda: f"src-{prefix}-b" in bridge.streams, 15)
+        assert bridge.streams[f"src-{prefix}-b"].opened.wait(15)
+        for i in range(5):
+            first.push_sample([0.1 * i, 0.0])
+            second.push_sample([0.0, 0.1 * i])
+            time.sleep(0.01)
+        assert wait_until(lambda: bridge.stats.published >= 10, 30)
+    finally:
+        stats = bridge.stop()
+    assert sorted(bridge.streams) == [f"src-{prefix}-a", f"src-{prefix}-b"]   # never its own -pred outlets
+    assert {sid: st.outlet_name for sid, st in bridge.streams.items()} == {
+        f"src-{prefix}-a": f"{prefix}-a-pred", f"src-{prefix}-b": f"{prefix}-b-pred"}
+    assert stats.received == stats.forwarded == stats.answered == stats.published == 10
 
 
 def test_settings_need_a_selector_and_known_keys(tmp_path):
