@@ -37,7 +37,7 @@ STRING_FORMAT, UNDEFINED_FORMAT = 3, 0      # pylsl.cf_string, pylsl.cf_undefine
 CLOCK_REFRESH_S = 5.0                       # LSL re-estimates offsets about this often
 SAMPLE_WAIT_S = 0.05                        # a blocking pull returns at the first sample; this bounds stop
 ANSWER_WAIT_S = 0.0005                      # while answers are due: how long new samples may wait
-ENGINE_SILENT_S = 1.0                       # no answer for this long: stop waiting on the engine
+ENGINE_SILENT_S = 1.0                       # no answer for this long: wait on the bus, check the engine between
 
 
 class LslBridgeError(RuntimeError):
@@ -249,7 +249,7 @@ class LslBridge:
             inlet.open_stream(self.settings.wait_s)
             st.opened.set()                      # samples pushed from now on reach the bridge
             self.ready.set()
-            next_clock, last_answer = 0.0, time.monotonic()
+            next_clock, busy_since = 0.0, None   # busy_since: answers due, and the last progress
             while not self._stop.is_set():
                 now = time.monotonic()
                 if now >= next_clock:
@@ -258,15 +258,17 @@ class LslBridge:
                     except pylsl.TimeoutError:
                         pass
                     next_clock = now + CLOCK_REFRESH_S
-                if link.in_flight and now - last_answer < ENGINE_SILENT_S:
-                    answers = link.poll(ANSWER_WAIT_S)
+                pull_wait = SAMPLE_WAIT_S
+                if link.in_flight:
+                    busy_since = busy_since or now
+                    silent = now - busy_since >= ENGINE_SILENT_S   # then the bus sets the pace again
+                    answers = link.poll(0.0 if silent else ANSWER_WAIT_S)
                     if answers:
-                        last_answer = time.monotonic()
+                        busy_since = time.monotonic()
                         self._publish(st, answers)
-                    pull_wait = 0.0
-                else:                            # nothing due (or the engine went silent): wait for the bus
-                    pull_wait = SAMPLE_WAIT_S
-                    last_answer = now
+                    pull_wait = SAMPLE_WAIT_S if silent else 0.0
+                else:
+                    busy_since = None
                 x, ts = inlet.pull_chunk(timeout=pull_wait, max_samples=self.settings.max_chunk, min_samples=1,
                                          as_numpy=True)
                 if len(ts):

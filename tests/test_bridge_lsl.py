@@ -24,7 +24,8 @@ pylsl = pytest.importorskip("pylsl")
 
 from engine_helpers import running_engine  # noqa: E402
 from streamtrace.adapters import SensorClient  # noqa: E402
-from streamtrace.adapters.lsl import LslBridge, LslBridgeError, LslSettings, settings_from  # noqa: E402
+from streamtrace.adapters.lsl import (ENGINE_SILENT_S, LslBridge, LslBridgeError, LslSettings,  # noqa: E402
+                                      settings_from)
 from streamtrace.engine.config import ConfigError  # noqa: E402
 
 GRU = {
@@ -158,6 +159,21 @@ def test_no_matching_stream_names_what_was_searched_for():
     bridge = LslBridge(LslSettings(name=name, type="EEG", wait_s=0.3), "ipc:///tmp/st-no-engine-here")
     with pytest.raises(LslBridgeError, match=rf"no LSL stream matching name='{name}' and type='EEG' within 0.3 s"):
         bridge.run(threading.Event())
+
+
+def test_without_an_engine_samples_are_forwarded_and_stop_still_ends_the_bridge():
+    name = unique("noengine")
+    outlet = make_outlet(name)
+    bridge = LslBridge(LslSettings(name=name, wait_s=10), "ipc:///tmp/st-no-engine-here").start()
+    assert bridge.ready.wait(15)
+    for i in range(20):
+        outlet.push_sample([0.1 * i, 0.0])
+    assert wait_until(lambda: bridge.stats.forwarded == 20, 15)
+    time.sleep(ENGINE_SILENT_S + 0.2)             # past the wait on the engine: the bus sets the pace
+    start = time.monotonic()
+    stats = bridge.stop()
+    assert time.monotonic() - start < 3 and not bridge._thread.is_alive()
+    assert stats.received == stats.forwarded == 20 and stats.answered == stats.published == 0
 
 
 def test_an_invalid_predicate_is_named():
