@@ -269,8 +269,7 @@ class LslBridge:
                     pull_wait = SAMPLE_WAIT_S if silent else 0.0
                 else:
                     busy_since = None
-                x, ts = inlet.pull_chunk(timeout=pull_wait, max_samples=self.settings.max_chunk, min_samples=1,
-                                         as_numpy=True)
+                x, ts = self._pull(inlet, pull_wait)
                 if len(ts):
                     self._forward(st, link, x, np.asarray(ts, np.float64) + (st.offset_s or 0.0))
             end = time.monotonic() + 1.0         # stopping: publish the answers still coming
@@ -285,6 +284,19 @@ class LslBridge:
             link.close()
             if st.error:
                 print(f"lsl bridge: stream {st.id!r} stopped: {st.error}", file=self.log)
+
+    def _pull(self, inlet, wait: float):
+        """The samples waiting in ``inlet``, waiting up to ``wait`` for the first. One sample (the
+        usual case at sensor rates) is taken with the cheaper single-sample call."""
+        if wait and not inlet.samples_available():
+            x, t = inlet.pull_sample(timeout=wait)
+            if t is None:
+                return (), ()
+            if self.settings.max_chunk == 1 or not inlet.samples_available():
+                return [x], [t]
+            more, more_t = inlet.pull_chunk(timeout=0.0, max_samples=self.settings.max_chunk - 1)
+            return [x] + more, [t] + more_t
+        return inlet.pull_chunk(timeout=0.0, max_samples=self.settings.max_chunk)
 
     def _forward(self, st: _Stream, link, x, ts):
         sent = bad = 0

@@ -137,7 +137,8 @@ def main(argv=None) -> int:
                                      chunk_size=1)
         procs.append(subprocess.Popen([sys.executable, __file__, "relay", floor_name]))
         procs.append(subprocess.Popen([sys.executable, "-m", "streamtrace", "bridge", "lsl", "--name", dev_name,
-                                       "--endpoint", router, "--wait", "60", "--rescan", "0"],
+                                       "--endpoint", router, "--wait", "60", "--rescan", "0",
+                                       "--stats-json", str(sock / "bridge.json")],
                                       stderr=subprocess.DEVNULL))
         floor_in = open_answers(floor_name + "-echo", floor_out)
         bridge_in = open_answers(dev_name + "-pred", dev_out)
@@ -168,6 +169,7 @@ def main(argv=None) -> int:
             stop(p)
         if procs and procs[0].stdout is not None:
             procs[0].stdout.close()
+        bridge_stats = json.loads((sock / "bridge.json").read_text()) if (sock / "bridge.json").exists() else {}
         shutil.rmtree(sock, ignore_errors=True)
 
     res = {p: pct(np.concatenate(v)) for p, v in got.items()}
@@ -177,7 +179,8 @@ def main(argv=None) -> int:
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
                platform.processor())
     out = {"machine": f"{cpu}, {os.cpu_count()} CPUs", "transport": args.transport, "model": "GRU-64 D-RTRL forecast",
-           "paths_us": res, "bridge_minus_floor_over_e2e": ratio, "bridge_overhead_us": overhead}
+           "paths_us": res, "bridge_minus_floor_over_e2e": ratio, "bridge_overhead_us": overhead,
+           "engine_rtt_seen_by_bridge_us": bridge_stats.get("engine_rtt_us")}
     print(f"LSL bridge latency ({out['machine']}, engine over {args.transport}, {out['model']}, "
           f"{fl['n']} round trips per path)")
     print("| path | p50 µs | p99 µs |\n|---|---:|---:|")
@@ -185,6 +188,9 @@ def main(argv=None) -> int:
         print(f"| {p} | {v['p50']:.0f} | {v['p99']:.0f} |")
     print(f"| bridge overhead (bridge - floor - e2e) | {overhead['p50']:.0f} | {overhead['p99']:.0f} |")
     print(f"| (bridge - floor) / engine e2e | {ratio['p50']:.2f} | {ratio['p99']:.2f} |")
+    seen = out["engine_rtt_seen_by_bridge_us"]
+    if seen:      # its whole run, warm-up included
+        print(f"engine round trip as the bridge saw it: p50 {seen['p50']:.0f} µs, p99 {seen['p99']:.0f} µs")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
     return 0
