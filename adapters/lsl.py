@@ -29,6 +29,8 @@ from pathlib import Path
 import numpy as np
 import zmq
 
+from streamtrace.wire import MAX_STREAM_ID
+
 from .bridge import BridgeStats, engine_endpoint, load_bridge_config, stop_event
 
 __all__ = ["LslSettings", "LslBridge", "LslBridgeError", "add_arguments", "run_cli"]
@@ -98,7 +100,7 @@ def _describe(info) -> str:
 
 @dataclass
 class _Stream:
-    """One bridged LSL stream: its inlet's reader thread and its prediction outlet."""
+    """One bridged LSL stream: the thread serving it and its prediction outlet."""
     id: str
     info: object                     # the resolved pylsl.StreamInfo
     thread: threading.Thread | None = None
@@ -109,7 +111,7 @@ class _Stream:
     alive: bool = True
     opened: threading.Event = field(default_factory=threading.Event)   # its inlet is open
     error: str = ""
-    reported: set = field(default_factory=set)   # engine refusal codes already printed
+    reported: set = field(default_factory=set)   # engine refusal codes / clashing uids already printed
 
     def summary(self) -> dict:
         return {"lsl_name": self.info.name(), "lsl_type": self.info.type(), "source_id": self.info.source_id(),
@@ -216,6 +218,13 @@ class LslBridge:
                 print(f"lsl bridge: refused {why}", file=self.log)
                 continue
             sid = self._stream_id(info)
+            if len(sid) > MAX_STREAM_ID or not sid.isprintable():
+                why = (f"{_describe(info)} gives the engine stream id {sid!r}, which is not 1..{MAX_STREAM_ID} "
+                       "printable characters; choose another with stream_id")
+                self.refused_streams[uid] = why
+                self.stats.bad_payload("bad stream id")
+                print(f"lsl bridge: refused {why}", file=self.log)
+                continue
             known = self.streams.get(sid)
             if known is not None and known.alive:
                 if known.info.uid() != uid and uid not in known.reported:

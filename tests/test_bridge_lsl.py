@@ -154,6 +154,15 @@ def test_a_string_stream_is_refused_clearly():
     assert bridge.stats.bad["non-numeric stream"] == 1 and bridge.stats.forwarded == 0
 
 
+def test_a_stream_id_the_engine_would_refuse_is_refused_here():
+    name = unique("longid")
+    outlet = make_outlet(name)   # noqa: F841 - kept alive while resolving
+    bridge = LslBridge(LslSettings(name=name, stream_id="{name}" + "x" * 130, wait_s=10), "ipc:///tmp/st-no-engine-here")
+    with pytest.raises(LslBridgeError, match=r"not 1\.\.128 printable characters; choose another with stream_id"):
+        bridge.run(threading.Event())
+    assert bridge.stats.bad["bad stream id"] == 1
+
+
 def test_no_matching_stream_names_what_was_searched_for():
     name = unique("absent")
     bridge = LslBridge(LslSettings(name=name, type="EEG", wait_s=0.3), "ipc:///tmp/st-no-engine-here")
