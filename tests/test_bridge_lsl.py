@@ -17,9 +17,13 @@ import threading
 import time
 import uuid
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
+# before liblsl reads its configuration (first use); the CLI bridge subprocess inherits it
+os.environ.setdefault("LSLAPICFG", str(Path(__file__).with_name("lsl_api.cfg")))
 pylsl = pytest.importorskip("pylsl")
 
 from engine_helpers import running_engine  # noqa: E402
