@@ -57,6 +57,7 @@ class BridgeStats:
     forwarded: int = 0           # sent to the engine
     answered: int = 0            # predictions back from the engine
     published: int = 0           # predictions put on the bus
+    not_sent: int = 0            # good samples the engine could not take (gone or stalled: its queue is full)
     bad: Counter = field(default_factory=Counter)       # bus payloads dropped, by reason
     refused: Counter = field(default_factory=Counter)   # engine refusals, by code
     rtt_s: list = field(default_factory=list)           # engine round trips (bounded sample)
@@ -91,7 +92,9 @@ class BridgeStats:
         refused = ", ".join(f"{k} {v}" for k, v in sorted(s["refused"].items())) or "none"
         rtt = s.get("engine_rtt_us")
         print(f"{bus} bridge: {s['received']} samples received, {s['forwarded']} forwarded, {s['answered']} "
-              f"answered, {s['published']} predictions published in {s['seconds']:.1f} s; bad payloads: {bad}; "
+              f"answered, {s['published']} predictions published in {s['seconds']:.1f} s; "
+              + (f"{s['not_sent']} not sent (engine not taking messages); " if s["not_sent"] else "")
+              + f"bad payloads: {bad}; "
               f"engine refusals: {refused}" + (f"; engine round trip p50 {rtt['p50']} us, p99 {rtt['p99']} us"
                                                if rtt else ""), file=file)
 

@@ -60,10 +60,11 @@ class EngineLink:
     def in_flight(self) -> int:
         return len(self.sent_at)
 
-    def send(self, stream: str, x, *, ts: float | None = None, y=None, mode: str | None = None) -> int:
-        """Forward one sample of ``stream`` without waiting; returns its sequence number.
-        Raises ``ValueError`` for a sample the engine would refuse unread (not finite), so
-        the caller can count it as a bad payload; no number is used up then."""
+    def send(self, stream: str, x, *, ts: float | None = None, y=None, mode: str | None = None) -> int | None:
+        """Forward one sample of ``stream`` without waiting; returns its sequence number, or
+        None when the engine has stopped taking messages (its queue here is full; counted as
+        ``not_sent``). Raises ``ValueError`` for a sample the engine would refuse unread (not
+        finite), so the caller can count it as a bad payload. No number is used up by either."""
         x = np.asarray(x, dtype=np.float64)
         if not np.all(np.isfinite(x)) or (y is not None and not np.all(np.isfinite(np.asarray(y, np.float64)))):
             raise ValueError("sample contains NaN or Inf")
@@ -72,8 +73,13 @@ class EngineLink:
             self.sent_at.pop(next(iter(self.sent_at)))
             self.counts["dropped_in_flight"] += 1
         seq = self.next_seq.get(stream, 0)
+        try:
+            # never block a bridge: with the engine gone, ZeroMQ's queue fills (its high-water mark)
+            self.sock.send_multipart([b"", wire.data_message(stream, seq, x, y, ts=ts, mode=mode)], zmq.NOBLOCK)
+        except zmq.Again:
+            self.counts["not_sent"] += 1
+            return None
         self.next_seq[stream] = seq + 1
-        self.sock.send_multipart([b"", wire.data_message(stream, seq, x, y, ts=ts, mode=mode)])
         self.sent_at[(stream, seq)] = (time.perf_counter(), self.epoch.get(stream, 0))
         self.counts["sent"] += 1
         return seq

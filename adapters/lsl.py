@@ -308,17 +308,20 @@ class LslBridge:
         return inlet.pull_chunk(timeout=0.0, max_samples=self.settings.max_chunk)
 
     def _forward(self, st: _Stream, link, x, ts):
-        sent = bad = 0
+        sent = bad = dropped = 0
         for row, t in zip(x, ts):
             try:
-                link.send(st.id, row, ts=float(t))
-                sent += 1
+                if link.send(st.id, row, ts=float(t)) is None:   # the engine is not taking messages
+                    dropped += 1
+                else:
+                    sent += 1
             except ValueError:                   # NaN / Inf: never reaches the learner
                 bad += 1
         st.received += len(ts)
         with self._lock:
             self.stats.received += len(ts)
             self.stats.forwarded += sent
+            self.stats.not_sent += dropped
             if bad:
                 self.stats.bad["not finite"] += bad
 

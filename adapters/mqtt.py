@@ -288,13 +288,16 @@ class MqttBridge:
             return
         try:
             sample = decode_sample(payload, self.settings.max_payload)
-            self.link.send(stream, sample.x, ts=time.time() if sample.ts is None else sample.ts, y=sample.y,
-                           mode=sample.mode)
+            seq = self.link.send(stream, sample.x, ts=time.time() if sample.ts is None else sample.ts, y=sample.y,
+                                 mode=sample.mode)
         except BadPayload as e:
             self.stats.bad_payload(e.reason)
             return
         except ValueError:          # the link's own finiteness check (y beyond float range)
             self.stats.bad_payload("non_finite")
+            return
+        if seq is None:             # the engine is not taking messages (gone or stalled)
+            self.stats.not_sent += 1
             return
         self.stats.forwarded += 1
         self._last_sent = time.monotonic()
