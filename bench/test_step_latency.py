@@ -1,11 +1,13 @@
 """Per-step latency of the compiled learner step (forward + traces + gradient + Adam), with
-the jax dispatch floor and, when installed, the reference library measured in the same run."""
+the jax dispatch floor, the hand-written limit program of the same math (bench/limits.py, GRU
+stacks) and, when installed, the reference library measured in the same run."""
 import jax
 import numpy as np
 import optax
 import pytest
 
 import streamtrace as st
+from limits import make_limit_step
 
 try:
     from reference_braintrace import AVAILABLE as REFERENCE, make_step
@@ -48,6 +50,16 @@ def test_learner_step(record, kind, hidden, algo, slots):
     step = _step_fn(kind, hidden, algo, slots)
     name = f"streamtrace {kind.upper()}-{hidden} {algo} {slots or 1} slot(s)"
     record("streamtrace", name, step, model=f"{kind}{hidden}", algorithm=algo, slots=slots or 1)
+
+
+@pytest.mark.parametrize("adam", ["optax", "fused"])
+@pytest.mark.parametrize("slots", SLOTS, ids=["1slot", "64slots"])
+@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("hidden", [h for k, h in MODELS if k == "gru"], ids=lambda h: f"gru{h}")
+def test_limit_step(record, hidden, algo, slots, adam):
+    step = make_limit_step(N_IN, hidden, N_OUT, algo, slots, adam=adam)
+    record("limit", f"limit GRU-{hidden} {algo} {slots or 1} slot(s), {adam} Adam", step,
+           model=f"gru{hidden}", algorithm=algo, slots=slots or 1, adam=adam)
 
 
 @pytest.mark.skipif(not REFERENCE, reason="reference library braintrace not installed (pip install '.[bench]')")
