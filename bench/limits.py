@@ -17,10 +17,10 @@ computes in supervised mode, and tests/test_limit_programs.py checks that the we
 
 What the learner does on top (finite guards, counters, prequential and rolling metrics,
 slot masks) is left out: the limit is the arithmetic alone. Layout choices a hand-writer
-would make: the three gates' weights and biases as one (3, I+H+1, H) block (a constant 1
-appended to the input carries the bias, so a bias is one more row of its weight and of its
-trace), the readout as one (H+1, O) block, the z and n traces as one array, the slot axis
-first; few arrays cross the call (each costs microseconds on a small CPU), and the state is
+would make: a constant 1 appended to the input carries the bias, so a bias is one more row
+of its weight and of its trace; the z and r gates side by side as one (I+H+1, 2H) matrix
+(one matmul, no slice copies), the n gate as an (I+H+1, H) matrix, the readout as (H+1, O);
+the z and n traces as one array, the slot axis first; few arrays cross the call (each costs microseconds on a small CPU), and the state is
 donated, so traces and moments are updated in place.
 No limit is written for the LIF/ALIF stacks.
 """
@@ -30,6 +30,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+
+from streamtrace.learner.xla_options import step_compiler_options
 
 __all__ = ["GRU_PARAMS", "fused_adam", "make_limit_fn", "init_limit_state", "to_limit_weights",
            "from_limit_weights", "make_limit_step"]
@@ -74,54 +76,57 @@ def _adam(kind, lr):
 
 def make_limit_fn(n_in: int, algorithm: str, *, decay: float = 0.9, lr: float = 1e-3, adam: str = "optax"):
     """``fn(state, x, y) -> (state, prediction)`` for B slots: x (B, n_in), y (B, n_out).
-    ``state = ((gates, readout), opt_state, h, traces)``, see ``init_limit_state``."""
+    ``state = ((zr, n, readout), opt_state, h, traces)``, see ``init_limit_state``."""
     if algorithm not in ("d-rtrl", "es-d-rtrl"):
         raise ValueError(f"algorithm must be 'd-rtrl' or 'es-d-rtrl'; got {algorithm!r}")
     _, opt_update = _adam(adam, lr)
     a = decay
 
     def fn(state, x, y):
-        (gates, ro), opt_state, h, tr = state          # gates (3, I+H+1, H): [W; b] of z, r, n
-        B, one = x.shape[0], jnp.ones((x.shape[0], 1), x.dtype)
+        (wzr, wn, ro), opt_state, h, tr = state       # [W; b] of z|r (I+H+1, 2H), of n, of the readout
+        B, H, one = x.shape[0], h.shape[-1], jnp.ones((x.shape[0], 1), x.dtype)
         xh = jnp.concatenate([x, h, one], axis=-1)     # a constant 1 carries the bias
-        zr = jax.nn.sigmoid(jnp.einsum("bi,kio->bko", xh, gates[:2]))
-        z, r = zr[:, 0], zr[:, 1]
+        zr = jax.nn.sigmoid(xh @ wzr)
+        z, r = zr[:, :H], zr[:, H:]
         xn = jnp.concatenate([x, r * h, one], axis=-1)
-        n = jnp.tanh(xn @ gates[2])
+        n = jnp.tanh(xn @ wn)
         h1 = (1 - z) * h + z * n
         out = h1 @ ro[:-1] + ro[-1]
         dout = 2.0 * (out - y) / (B * out.shape[-1])
         g = dout @ ro[:-1].T                            # dL/dh'
         d, fz, fn_ = 1 - z, (n - h) * z * (1 - z), z * (1 - n * n)
         # r: one step of backprop, h held fixed: dL/dyr = (dL/dyn Wn_h^T) h r (1 - r)
-        dyr = ((g * fn_) @ gates[2, n_in:-1].T) * h * r * (1 - r)
+        dyr = ((g * fn_) @ wn[n_in:-1].T) * h * r * (1 - r)
         xs, fs = jnp.stack([xh, xn], 1), jnp.stack([fz, fn_], 1)       # (B, 2, I+H+1), (B, 2, H)
         if algorithm == "d-rtrl":
             eps = d[:, None, None, :] * tr + xs[..., None] * fs[:, :, None, :]
-            g_zn = jnp.einsum("bo,bkio->kio", g, eps)
+            g_zn = jnp.sum(g[:, None, None, :] * eps, axis=0)   # one pass; einsum would transpose eps
             tr = eps
         else:
             xbar, fbar = tr
             xbar, fbar = a * xbar + xs, a * d[:, None, :] * fbar + (1 - a) * fs
             g_zn = jnp.einsum("bki,bko->kio", xbar, g[:, None, :] * fbar)
             tr = (xbar, fbar)
-        g_gates = jnp.stack([g_zn[0], xh.T @ dyr, g_zn[1]])
+        g_zr = jnp.concatenate([g_zn[0], xh.T @ dyr], axis=1)
         g_ro = jnp.concatenate([h1.T @ dout, jnp.sum(dout, 0)[None]])
-        weights, opt_state = opt_update((g_gates, g_ro), opt_state, (gates, ro))
+        weights, opt_state = opt_update((g_zr, g_zn[1], g_ro), opt_state, (wzr, wn, ro))
         return (weights, opt_state, h1, tr), out
     return fn
 
 
 def to_limit_weights(params: dict):
-    """``{learner parameter name: array}`` (GRU_PARAMS) -> (gates (3, I+H+1, H), readout (H+1, O))."""
-    gates = jnp.stack([jnp.concatenate([params[f"cell.{k}.W"], params[f"cell.{k}.b"][None]]) for k in "zrn"])
-    return gates, jnp.concatenate([params["out.W"], params["out.b"][None]])
+    """``{learner parameter name: array}`` (GRU_PARAMS) -> (zr (I+H+1, 2H), n (I+H+1, H), readout (H+1, O))."""
+    wb = {k: jnp.concatenate([params[f"cell.{k}.W"], params[f"cell.{k}.b"][None]]) for k in "zrn"}
+    return (jnp.concatenate([wb["z"], wb["r"]], axis=1), wb["n"],
+            jnp.concatenate([params["out.W"], params["out.b"][None]]))
 
 
 def from_limit_weights(weights) -> dict:
-    gates, ro = weights
-    out = {f"cell.{k}.W": gates[i, :-1] for i, k in enumerate("zrn")}
-    out.update({f"cell.{k}.b": gates[i, -1] for i, k in enumerate("zrn")})
+    wzr, wn, ro = weights
+    H = wn.shape[1]
+    wb = {"z": wzr[:, :H], "r": wzr[:, H:], "n": wn}
+    out = {f"cell.{k}.W": wb[k][:-1] for k in "zrn"}
+    out.update({f"cell.{k}.b": wb[k][-1] for k in "zrn"})
     out.update({"out.W": ro[:-1], "out.b": ro[-1]})
     return out
 
@@ -131,8 +136,7 @@ def init_limit_state(params: dict, n_slots: int, algorithm: str, *, lr: float = 
     state and traces for ``n_slots`` slots."""
     weights = to_limit_weights(params)
     opt_init, _ = _adam(adam, lr)
-    gates = weights[0]
-    dt, n_x, hidden = gates.dtype, gates.shape[1], gates.shape[2]
+    dt, (n_x, hidden) = weights[1].dtype, weights[1].shape
     h = jnp.zeros((n_slots, hidden), dt)
     if algorithm == "d-rtrl":
         tr = jnp.zeros((n_slots, 2, n_x, hidden), dt)
@@ -163,7 +167,9 @@ def make_limit_step(n_in: int, hidden: int, n_out: int, algorithm: str, slots: i
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(n, n_in)).astype(np.float32)
     y = rng.normal(size=(n, n_out)).astype(np.float32)
-    compiled = jax.jit(fn, donate_argnums=(0,) if donate else ()).lower(state, x, y).compile()
+    # compiled with the learner's XLA options: the ratio compares programs, not settings
+    compiled = jax.jit(fn, donate_argnums=(0,) if donate else ()).lower(state, x, y).compile(
+        step_compiler_options())
     box = [state]
 
     def step():
