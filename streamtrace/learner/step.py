@@ -98,7 +98,7 @@ class StepFunctions:
         # a frozen model under a readout needs no replay of step t-1 (there is no gradient to
         # take): the features of the last prediction are kept instead, one model step per call
         self._carry_features = cfg.mode == "forecast" and readout is not None and not self.learn_model
-        self._vstep = jax.vmap(lambda p, h, tr, x: algo(p, h, tr, x), in_axes=(None, 0, 0, 0))
+        self._vstep = algo.over_slots
         self._vforward = jax.vmap(lambda p, h, tr, x: algo.forward(p, h, tr, (x,)), in_axes=(None, 0, 0, 0))
         self._vplain = jax.vmap(lambda p, h, x: algo.graph.run(p, h, (x,)), in_axes=(None, 0, 0))
 
