@@ -72,15 +72,25 @@ def pytest_sessionfinish(session, exitstatus):
     out = Path(config.getoption("--results"))
     out.mkdir(parents=True, exist_ok=True)
     lines = [f"Machine: {machine(config)}", "",
-             "| benchmark | median µs | p99 µs | × floor (median) | × reference (median) |",
-             "|---|---:|---:|---:|---:|"]
-    ref = {(r.get("model"), r.get("algorithm"), r.get("slots")): r for r in RESULTS if r["group"] == "reference"}
+             "| benchmark | median µs | p99 µs | × floor (median) | × reference (median) | × limit (median) |",
+             "|---|---:|---:|---:|---:|---:|"]
+    key_of = lambda r: (r.get("model"), r.get("algorithm"), r.get("slots"))
+    ref = {key_of(r): r for r in RESULTS if r["group"] == "reference"}
+    # the yardstick: the limit program with optax's Adam, as the learner's default optimizer
+    limit = {key_of(r): r for r in RESULTS if r["group"] == "limit" and r.get("adam") == "optax"}
     for r in RESULTS:
         f = f"{r['median_us'] / floor['median_us']:.1f}" if floor else "-"
-        key = (r.get("model"), r.get("algorithm"), r.get("slots"))
+        key = key_of(r)
         rr = ref.get(key) if r["group"] != "reference" else None
         x_ref = f"{r['median_us'] / rr['median_us']:.2f}" if rr else "-"
-        lines.append(f"| {r['name']} | {r['median_us']:.1f} | {r['p99_us']:.1f} | {f} | {x_ref} |")
+        lr = limit.get(key) if r is not limit.get(key) else None
+        x_lim = f"{r['median_us'] / lr['median_us']:.2f}" if lr else (
+            "no limit" if r["group"] == "streamtrace" and not any(k[0] == key[0] for k in limit) else "-")
+        lines.append(f"| {r['name']} | {r['median_us']:.1f} | {r['p99_us']:.1f} | {f} | {x_ref} | {x_lim} |")
+    if limit:
+        lines += ["", "× limit: median / the limit program's median (bench/limits.py: the same GRU math "
+                  "written by hand as one jax function with optax.adam; a fused-Adam row shows its ratio to it). "
+                  "LIF/ALIF stacks have no limit program."]
     text = "\n".join(lines)
     (out / "results.md").write_text(text + "\n")
     (out / "results.json").write_text(json.dumps({"machine": machine(config), "results": RESULTS}, indent=1))

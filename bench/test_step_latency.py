@@ -1,11 +1,13 @@
 """Per-step latency of the compiled learner step (forward + traces + gradient + Adam), with
-the jax dispatch floor and, when installed, the reference library measured in the same run."""
+the jax dispatch floor, the hand-written limit program of the same math (bench/limits.py, GRU
+stacks) and, when installed, the reference library measured in the same run."""
 import jax
 import numpy as np
 import optax
 import pytest
 
 import streamtrace as st
+from limits import make_limit_step
 
 try:
     from reference_braintrace import AVAILABLE as REFERENCE, make_step
@@ -50,13 +52,27 @@ def test_learner_step(record, kind, hidden, algo, slots):
     record("streamtrace", name, step, model=f"{kind}{hidden}", algorithm=algo, slots=slots or 1)
 
 
+@pytest.mark.parametrize("adam", ["optax", "fused"])
+@pytest.mark.parametrize("slots", SLOTS, ids=["1slot", "64slots"])
+@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("hidden", [h for k, h in MODELS if k == "gru"], ids=lambda h: f"gru{h}")
+def test_limit_step(record, hidden, algo, slots, adam):
+    step = make_limit_step(N_IN, hidden, N_OUT, algo, slots, adam=adam)
+    record("limit", f"limit GRU-{hidden} {algo} {slots or 1} slot(s), {adam} Adam", step,
+           model=f"gru{hidden}", algorithm=algo, slots=slots or 1, adam=adam)
+
+
 @pytest.mark.skipif(not REFERENCE, reason="reference library braintrace not installed (pip install '.[bench]')")
+@pytest.mark.parametrize("slots", SLOTS, ids=["1slot", "64slots"])
 @pytest.mark.parametrize("algo", ALGOS)
 @pytest.mark.parametrize("kind,hidden", MODELS, ids=[f"{k}{h}" for k, h in MODELS])
-def test_reference_step(record, kind, hidden, algo):
+def test_reference_step(record, kind, hidden, algo, slots):
+    if slots and kind != "gru":
+        pytest.skip("the reference's batched step is timed for the GRU stacks only")
     try:
-        step, _, _ = make_step(kind, N_IN, hidden, N_OUT, algo)
+        step, _, _ = make_step(kind, N_IN, hidden, N_OUT, algo, batch=slots)
     except NotImplementedError as e:
         pytest.skip(str(e))
-    record("reference", f"braintrace {kind.upper()}-{hidden} {algo} 1 slot", step,
-           model=f"{kind}{hidden}", algorithm=algo, slots=1)
+    # batch=B: braintrace's in-graph batch of B samples, the counterpart of B slots
+    record("reference", f"braintrace {kind.upper()}-{hidden} {algo} {'B=' + str(slots) if slots else '1 slot'}", step,
+           model=f"{kind}{hidden}", algorithm=algo, slots=slots or 1)

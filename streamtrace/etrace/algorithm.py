@@ -60,6 +60,7 @@ class ETraceVjpAlgorithm:
         self.signal = as_signal(signal).bind(self)
         self._step = self._make_single_step()
         self._window = self._make_window()
+        self._slots_step = self._make_slots_step() if self.batched_grads else None
 
     # ---- what subclasses provide ------------------------------------------------------
     @property
@@ -101,6 +102,9 @@ class ETraceVjpAlgorithm:
 
     # RTRL's sensitivity holds every path through h_t, so it contracts the signal from h_t on
     cut_hidden = False
+    # weight_grads sums over leading batch axes (D-RTRL, ES-D-RTRL): ``over_slots`` can then
+    # contract all slots at once instead of vmapping the one-slot step
+    batched_grads = False
 
     def _direct_params(self):
         """Parameters differentiated by backprop through the step (not through traces)."""
@@ -125,6 +129,45 @@ class ETraceVjpAlgorithm:
                                                 cut_hidden=self.cut_hidden)
             g = self.signal.transform(self.learning_signal(g, aux), SignalContext(graph, out, ct_out, new_h))
             dtrace = self.weight_grads(self.signal.contraction_traces(new_tr), g)
+            grads = {n: _sum_present(dtrace.get(n), dparams.get(n)) for n in params}
+            return grads, kernel.zeros_like_tree(hidden), kernel.zeros_like_tree(traces), dargs
+
+        step.defvjp(fwd, bwd)
+        return step
+
+    def over_slots(self, params, hidden, traces, x):
+        """One step of N slots (a leading slot axis on hidden, traces and x; shared params)
+        with the same gradient as ``vmap`` of the one-slot step. With ``batched_grads`` the
+        backward pass contracts the learning signal with all slots' traces in one pass (a
+        matrix product over slots for ES-D-RTRL, one multiply-sum for D-RTRL) rather than
+        forming a (slots, I, O) gradient per slot and summing it."""
+        if self._slots_step is None:
+            return jax.vmap(lambda p, h, tr, x: self(p, h, tr, x), in_axes=(None, 0, 0, 0))(params, hidden, traces, x)
+        return self._slots_step(params, hidden, traces, (x,))
+
+    def _make_slots_step(self):
+        graph = self.graph
+        vforward = jax.vmap(self._forward, in_axes=(None, 0, 0, 0))
+
+        def signal(g, aux, out, ct_out, new_h):
+            return self.signal.transform(self.learning_signal(g, aux), SignalContext(graph, out, ct_out, new_h))
+
+        @jax.custom_vjp
+        def step(params, hidden, traces, args):
+            return vforward(params, hidden, traces, args)[:3]
+
+        def fwd(params, hidden, traces, args):
+            out, new_h, new_tr, aux = vforward(params, hidden, traces, args)
+            return (out, new_h, new_tr), (params, hidden, traces, args, out, new_h, new_tr, aux)
+
+        def bwd(res, cts):
+            params, hidden, traces, args, out, new_h, new_tr, aux = res
+            ct_out, ct_h, _ = cts
+            g, dparams, dargs = kernel.backward_slots(graph, params, hidden, args, ct_out, ct_h,
+                                                      diff_params=self._direct_params(),
+                                                      cut_hidden=self.cut_hidden)
+            g = jax.vmap(signal)(g, aux, out, ct_out, new_h)
+            dtrace = self.weight_grads(jax.vmap(self.signal.contraction_traces)(new_tr), g)
             grads = {n: _sum_present(dtrace.get(n), dparams.get(n)) for n in params}
             return grads, kernel.zeros_like_tree(hidden), kernel.zeros_like_tree(traces), dargs
 

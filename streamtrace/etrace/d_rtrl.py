@@ -38,6 +38,7 @@ def contract(g, e):
 
 class D_RTRL(ETraceVjpAlgorithm):
     name = "d-rtrl"
+    batched_grads = True
 
     def _trace_shapes(self, r):
         g = self.graph.groups[r.group]

@@ -16,7 +16,7 @@ import numpy as np
 
 from .graph import ETraceGraph
 
-__all__ = ["forward", "backward", "plain_step", "group_stack", "zeros_like_tree", "sum_s"]
+__all__ = ["forward", "backward", "backward_slots", "plain_step", "group_stack", "zeros_like_tree", "sum_s"]
 
 
 def sum_s(terms):
@@ -149,5 +149,27 @@ def backward(graph: ETraceGraph, params, hidden, args, ct_out, ct_hidden, diff_p
 
     dp0 = {n: params[n] for n in diff_params}
     _, vjp_g = jax.vjp(G, dp0, args, zeros_like_tree(hidden))
+    dparams, dargs, g = vjp_g((ct_out, ct_hidden))
+    return group_stack(graph, g), dparams, dargs
+
+
+def backward_slots(graph: ETraceGraph, params, hidden, args, ct_out, ct_hidden, diff_params: tuple,
+                   cut_hidden: bool = False):
+    """``backward`` for N slots at once (a leading slot axis on hidden, args and cotangents;
+    params shared). The VJP is taken of the step vmapped over the slots, so the gradients of
+    the shared parameters come out summed over the slots as one contraction (x^T g, a matrix
+    product) instead of one outer product per slot that is then summed."""
+    fixed = {n: v for n, v in params.items() if n not in diff_params}
+
+    def one(dp, h, a, e):
+        if cut_hidden:
+            hook = lambda n, v: jax.lax.stop_gradient(v) + e[n]
+        else:
+            hook = lambda n, v: v + e[n]
+        return graph.run({**fixed, **dp}, h, a, hidden_hook=hook)
+
+    G = jax.vmap(one, in_axes=(None, 0, 0, 0))
+    dp0 = {n: params[n] for n in diff_params}
+    _, vjp_g = jax.vjp(lambda dp, a, e: G(dp, hidden, a, e), dp0, args, zeros_like_tree(hidden))
     dparams, dargs, g = vjp_g((ct_out, ct_hidden))
     return group_stack(graph, g), dparams, dargs

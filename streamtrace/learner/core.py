@@ -18,6 +18,7 @@ from .losses import get_loss
 from .modes import Forecast
 from .packing import Layout
 from .step import COUNTERS, StepConfig, StepFunctions
+from .xla_options import step_compiler_options
 
 __all__ = ["OnlineLearner", "StepResult"]
 
@@ -266,7 +267,7 @@ class OnlineLearner:
         if k not in self._compiled:
             fn = jax.jit(self._fn(k), donate_argnums=(0,) if self.donate else ())
             x, y, a = self._example_inputs(k)
-            self._compiled[k] = fn.lower(self.buffers, x, y, a, a).compile()
+            self._compiled[k] = fn.lower(self.buffers, x, y, a, a).compile(step_compiler_options())
         return self._compiled[k]
 
     def _example_inputs(self, k):
