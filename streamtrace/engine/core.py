@@ -61,6 +61,8 @@ class EngineCore:
         self._published_params: dict | None = None
         self.ckpt = CheckpointDir(cfg.checkpoint.dir, cfg.checkpoint.keep) if cfg.checkpoint.dir else None
         self._input_cache: dict = {}
+        self._pending = 0                # queued messages over all streams (has_pending, per loop turn)
+        self._reply = wire.PredictionEncoder()
         self.buckets = sorted({1 << i for i in range(ec.micro_batch.bit_length()) if 1 << i <= ec.micro_batch}
                               | {ec.micro_batch})
         self.ready = list(self.buckets)  # sizes tick may use, ascending (compiled on first use,
@@ -194,6 +196,7 @@ class EngineCore:
             self.metrics.count("lost_on_resync", seq - expected)
         st.next_seq, st.resync, st.last_seen = seq + 1, False, t_recv
         st.pending.append((d, origin, t_recv))
+        self._pending += 1
         self.metrics.count("accepted")
         return []
 
@@ -224,19 +227,18 @@ class EngineCore:
                 self.free.append(st.slot)
 
     def has_pending(self) -> bool:
-        return any(st.pending for st in self.streams.values())
+        return self._pending > 0
 
     # ---- one batched call ---------------------------------------------------------------
     def tick(self) -> list:
-        busy = [st for st in self.streams.values() if st.pending]
-        if not busy:
+        if not self._pending:
             return []
+        busy = [st for st in self.streams.values() if st.pending]
         out = []
         count = max(len(st.pending) for st in busy)
         ready = self.ready               # a size not compiled yet: its steps go in smaller calls
-        k = next((b for b in ready if b >= count), ready[-1])
-        n_msgs = sum(min(len(st.pending), k) for st in busy)
-        if self.ckpt and self._since_ckpt + n_msgs > self.cfg.checkpoint.every:
+        k = 1 if count == 1 else next((b for b in ready if b >= count), ready[-1])
+        if self.ckpt and self._since_ckpt + sum(min(len(st.pending), k) for st in busy) > self.cfg.checkpoint.every:
             self.save_checkpoint()
         L, supervised = self.learner, self.cfg.learning.mode == "supervised"
         xs, ys, active, learn = self._inputs(k)
@@ -253,6 +255,7 @@ class EngineCore:
                 else:
                     learn[j, st.slot] = d["mode"] == "learn"
                 taken.append((j, st.slot, d, origin, t_recv))
+        self._pending -= len(taken)
         if k > 1:
             results = L.decode(L.step_unchecked(xs, ys, active, learn, k), k)
         else:
@@ -261,20 +264,21 @@ class EngineCore:
         self._since_publish += len(taken)
         self._since_ckpt += len(taken)
         self.metrics.count("steps", len(taken))
-        self.metrics.count("updates", int(sum(np.any(r.applied) for r in results)))
+        self.metrics.count("updates", sum(1 for r in results if r.applied is True or
+                                          (r.applied is not False and r.applied.any())))
+        encode, metrics, publish = self._reply, self.metrics, self.cfg.publish.predictions
+        steps, version, now = self.steps, self.version, self.clock()
         for j, slot, d, origin, t_recv in taken:
             r = results[j]
             loss = float(r.loss[slot])
-            self.metrics.loss(d["stream"], loss)
-            reply = wire.encode({"type": "prediction", "stream": d["stream"], "seq": d["seq"],
-                                 "pred": wire.pack_array(r.prediction[slot]),
-                                 "loss": None if loss != loss else loss, "step": self.steps,
-                                 "version": self.version, "ts": d["ts"]})
+            name = d["stream"]
+            metrics.loss(name, loss)
+            reply = encode(name, d["seq"], r.prediction[slot], None if loss != loss else loss, steps, version, d["ts"])
             if origin is not None:
                 out.append(("reply", origin, reply))
-            if self.cfg.publish.predictions:
-                out.append(("pub", b"pred/" + d["stream"].encode(), reply))
-            self.metrics.latency(self.clock() - t_recv)
+            if publish:
+                out.append(("pub", b"pred/" + name.encode(), reply))
+            metrics.latency(now - t_recv)
         self.metrics.count("answered", len(taken))
         every = self.cfg.publish.weights_every
         if every and self._since_publish >= every:
@@ -290,8 +294,8 @@ class EngineCore:
             bufs = self._input_cache[k] = (np.zeros((k, L.n) + self.x_shape, L.x_dtype),
                                            np.zeros((k, L.n) + self.y_shape, L.y_dtype),
                                            np.zeros((k, L.n), bool), np.zeros((k, L.n), bool))
-        bufs[2][:] = False
-        bufs[3][:] = False
+        bufs[2].fill(False)
+        bufs[3].fill(False)
         return bufs
 
     # ---- weights ------------------------------------------------------------------------

@@ -26,6 +26,7 @@ __all__ = ["Engine", "serve", "open_engine"]
 
 log = logging.getLogger("streamtrace.engine")
 
+_EVENTS, _POLLIN = zmq.EVENTS, zmq.POLLIN
 WARM_OVERDUE_S = 2.0     # busy since the first answer this long: compile between messages anyway
 
 
@@ -172,25 +173,30 @@ class Engine:
             while not self._stop:
                 timeout = 0 if core.has_pending() else 50
                 events = dict(poller.poll(timeout))
+                from_router, from_pull = bool(events.get(self.router)), bool(events.get(self.pull))
                 for _ in range(drain_max):  # drain what waits, then step once for all of it
-                    got = False
-                    if events.get(self.router):
+                    # a socket is read again only while it says a message waits (asking is
+                    # cheaper than the zmq.Again exception of an empty read)
+                    if from_router:
                         try:
                             m = recv_message(self.router, routed=True, max_bytes=max_bytes)
-                            got = True
-                            self._send(core.ingest(m.payload, m.identity) if m.error is None
-                                       else core.reject(m.identity, *m.error))
+                            outs = (core.ingest(m.payload, m.identity) if m.error is None
+                                    else core.reject(m.identity, *m.error))
+                            if outs:             # a queued message answers at the step
+                                self._send(outs)
+                            from_router = self.router.getsockopt(_EVENTS) & _POLLIN
                         except zmq.Again:
-                            events.pop(self.router, None)
-                    if self.pull is not None and events.get(self.pull):
+                            from_router = False
+                    if from_pull:
                         try:
                             m = recv_message(self.pull, routed=False, max_bytes=max_bytes)
-                            got = True
-                            self._send(core.ingest(m.payload, None) if m.error is None
-                                       else core.reject(None, *m.error))
+                            outs = core.ingest(m.payload, None) if m.error is None else core.reject(None, *m.error)
+                            if outs:
+                                self._send(outs)
+                            from_pull = self.pull.getsockopt(_EVENTS) & _POLLIN
                         except zmq.Again:
-                            events.pop(self.pull, None)
-                    if not got:
+                            from_pull = False
+                    if not (from_router or from_pull):
                         break
                 busy = bool(events) or core.has_pending()
                 while core.has_pending():
