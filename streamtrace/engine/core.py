@@ -51,6 +51,7 @@ class EngineCore:
                              "set model.n_out to the model's output size")
         self.streams: dict[str, Stream] = {}
         self.free = list(range(ec.slots - 1, -1, -1))
+        self.unused = set(self.free)     # slots still in their initial state: taking one needs no reset
         self.metrics = Metrics()
         self.parking = ParkingLot(ec.park_s, ec.max_parked)
         self._internal_logged: set = set()
@@ -75,23 +76,27 @@ class EngineCore:
             pass
 
     def warmup_first(self):
-        """The 1-step program and the slot programs (reset, parking's read and write): what
-        the first answers need. Larger micro-batch sizes wait for ``warmup_later``."""
+        """The 1-step program: what the first answers need (a slot no stream has used needs
+        no reset). The slot programs and larger micro-batch sizes wait for ``warmup_later``."""
         self.ready = [1]
         self.learner.compiled()
-        if self.learner.slots is not None:
-            self.learner.compiled_reset()
-            if self.parking.enabled:     # a no-op write of slot 0 compiles the read and the write
-                self.learner.write_slot(0, self.learner.read_slot(0))
 
     def warmup_later(self):
-        """The micro-batch sizes, one per ``next()``: the engine loop compiles them between
-        messages; ``tick`` uses a size once it is in ``ready``."""
+        """The slot programs (reset, parking's read and write) and the micro-batch sizes, one
+        size per ``next()``: the engine loop compiles them between messages; ``tick`` uses a
+        size once it is in ``ready`` (a slot program needed before is compiled on first use)."""
+        self._compile_slot_programs()
         for k in self.buckets:
             if k > 1:
                 self.learner.compiled(k)
                 self.ready.append(k)
                 yield
+
+    def _compile_slot_programs(self):
+        if self.learner.slots is not None:
+            self.learner.compiled_reset()
+            if self.parking.enabled:     # a no-op write of slot 0 compiles the read and the write
+                self.learner.write_slot(0, self.learner.read_slot(0))
 
     # ---- ingest -----------------------------------------------------------------------
     def ingest(self, raw: bytes, origin=None, t_recv: float | None = None) -> list:
@@ -206,8 +211,9 @@ class EngineCore:
         if not self.free:
             return None
         slot = self.free.pop()
-        if fresh:
+        if fresh and slot not in self.unused:
             self.learner.reset_slot(slot)
+        self.unused.discard(slot)
         return slot
 
     def evict_idle(self, now: float | None = None):
@@ -366,5 +372,6 @@ class EngineCore:
             self.streams[name] = Stream(int(s["slot"]), s["next_seq"], self.clock(), resync=True)
             used.add(int(s["slot"]))
         self.free = [i for i in range(self.cfg.engine.slots - 1, -1, -1) if i not in used]
+        self.unused = set()              # the loaded state is in every slot: a new stream resets its slot
         self._published_params = None
         return {"path": str(path), **header}

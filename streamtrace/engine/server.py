@@ -19,6 +19,7 @@ from ..learner.checkpoint import CheckpointError
 from .config import ConfigError, EngineConfig
 from .compile_cache import disable as disable_compile_cache, enable as enable_compile_cache, resolve
 from .core import EngineCore
+from .memory import release_after_warmup
 from .preflight import check_environment, check_security
 from .receive import recv_message
 
@@ -135,6 +136,8 @@ class Engine:
             except Exception:   # noqa: BLE001 - serve on with the sizes compiled so far
                 log.exception("compiling a micro-batch size failed; serving with sizes %s", self.core.ready)
                 self._warming = False
+            if self._warming is False:     # every program is compiled: drop what compiling kept
+                release_after_warmup()
 
     def stop(self, *_):
         self._stop = True
