@@ -51,7 +51,9 @@ class EngineCore:
                              "set model.n_out to the model's output size")
         self.streams: dict[str, Stream] = {}
         self.free = list(range(ec.slots - 1, -1, -1))
-        self.unused = set(self.free)     # slots still in their initial state: taking one needs no reset
+        # slots no stream has used: their state is still the initial one (but for the learner's
+        # count of calls, a statistic), so taking one needs no reset
+        self.unused = set(self.free)
         self.metrics = Metrics()
         self.parking = ParkingLot(ec.park_s, ec.max_parked)
         self._internal_logged: set = set()
