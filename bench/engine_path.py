@@ -153,8 +153,8 @@ def main(argv=None):
     print("|---|---|---:|")
     what = {"recv": "read the frames off the ROUTER socket", "decode": "msgpack decode + version/type check",
             "checks": "field, shape, dtype and finiteness checks", "route": "stream -> slot, sequence checks, queue",
-            "batch": "input buffers for the call", "dispatch": "the compiled call returns (async dispatch)",
-            "wait": "XLA runs the step; the result comes to the host", "split": "prediction / loss / applied from "
+            "batch": "input buffers for the call", "dispatch": "the compiled call (engine.sync_dispatch, the default: XLA runs in it)",
+            "wait": "the output vector to numpy (with async dispatch: waiting for XLA too)", "split": "prediction / loss / applied from "
             "the output vector", "reply": "prediction reply encoded", "metrics": "counters, loss, latency window",
             "send": "reply frames to the ROUTER socket"}
     for s in SPANS:
@@ -163,8 +163,8 @@ def main(argv=None):
           f"{wall - named:.1f} |")
     print(f"| **engine wall** | from reading a message to its reply sent | {wall:.1f} |")
     py = wall - rows["dispatch"] - rows["wait"]
-    print(f"\nengine Python per message (wall minus dispatch and XLA wait): {py:.1f} us; "
-          f"dispatch {rows['dispatch']:.1f} us; XLA + device->host {rows['wait']:.1f} us")
+    print(f"\nengine wall minus the step and its output ({py:.1f} us): Python and sockets per message, "
+          f"in the loop (caches cold after each step); --python-only for the hot-loop Python alone")
     print(f"sensor round trip: p50 {np.median(rt):.0f} us, p99 {np.percentile(rt, 99):.0f} us")
 
 
