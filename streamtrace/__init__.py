@@ -1,5 +1,9 @@
 """streamtrace: streaming online learning for recurrent and spiking networks."""
-from . import nn
+from ._imports import import_brainstate
+
+import_brainstate()     # before anything imports brainstate: without matplotlib (see _imports)
+
+from . import nn  # noqa: E402
 from .etrace import (
                      D_RTRL,
                      ES_D_RTRL,

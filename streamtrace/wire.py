@@ -21,7 +21,7 @@ import msgpack
 import numpy as np
 
 __all__ = ["VERSION", "MAX_MESSAGE_BYTES", "WireError", "encode", "decode", "pack_array", "unpack_array",
-           "data_message", "decode_data", "ALLOWED_DTYPES"]
+           "data_message", "decode_data", "PredictionEncoder", "ALLOWED_DTYPES"]
 
 VERSION = 1
 MAX_MESSAGE_BYTES = 1 << 20          # default size limit for any one message
@@ -30,6 +30,8 @@ ALLOWED_DTYPES = ("<f4", "<f8", "<f2", "<i4", "<i8", "<i2", "|i1", "|u1", "<u2",
 DATA_FIELDS = {"v", "type", "stream", "seq", "ts", "x", "y", "mode"}
 OPTIONAL_FIELDS = {"ts", "y", "mode"}   # nil means absent
 MODES = ("learn", "predict")
+ARRAY_FIELDS = {"dtype", "shape", "data"}
+SMALL = 16      # up to this many elements a Python loop checks finiteness faster than numpy
 
 
 class WireError(ValueError):
@@ -47,7 +49,7 @@ def pack_array(a) -> dict:
 
 
 def unpack_array(obj, field: str = "array", max_elements: int = 1 << 20) -> np.ndarray:
-    if not isinstance(obj, dict) or set(obj) != {"dtype", "shape", "data"}:
+    if not isinstance(obj, dict) or obj.keys() != ARRAY_FIELDS:
         raise WireError("bad_array", f"'{field}' must be a map with exactly dtype, shape and data")
     dtype, shape, data = obj["dtype"], obj["shape"], obj["data"]
     if not isinstance(dtype, str) or dtype not in ALLOWED_DTYPES:
@@ -116,9 +118,10 @@ def decode_data(msg: dict, x_shape: tuple, y_shape: tuple, x_dtype=None, y_dtype
     float arrays (of x_dtype / y_dtype when given: a value that overflows the model's dtype is
     refused as not finite). Optional fields that are nil count as absent. Raises WireError
     naming the first problem."""
-    msg = {k: v for k, v in msg.items() if v is not None or k not in OPTIONAL_FIELDS}
-    unknown = set(msg) - DATA_FIELDS
-    if unknown:
+    if None in msg.values():
+        msg = {k: v for k, v in msg.items() if v is not None or k not in OPTIONAL_FIELDS}
+    if not DATA_FIELDS.issuperset(msg):
+        unknown = set(msg) - DATA_FIELDS
         raise WireError("unknown_field", f"unknown field(s) {sorted(map(str, unknown))}; allowed: {sorted(DATA_FIELDS)}")
     stream = msg.get("stream")
     if not isinstance(stream, str) or not 0 < len(stream) <= MAX_STREAM_ID or not stream.isprintable():
@@ -148,8 +151,29 @@ def _checked(a: np.ndarray, field: str, shape: tuple, dtype=None) -> np.ndarray:
         raise WireError("bad_dtype", f"'{field}' must be numeric")
     if dtype is None:
         dtype = np.float64 if a.dtype == np.float64 else np.float32
-    with np.errstate(over="ignore", invalid="ignore"):
-        a = a.astype(dtype)      # checked after the cast: 1e300 as float32 is inf
-    if not np.all(np.isfinite(a)):
+    if a.dtype != dtype:
+        with np.errstate(over="ignore", invalid="ignore"):
+            a = a.astype(dtype)      # checked after the cast: 1e300 as float32 is inf
+    # (already the model's dtype: the read-only view of the message's bytes is kept; callers copy it)
+    if not (all(map(math.isfinite, a.ravel().tolist())) if a.size <= SMALL else np.isfinite(a).all()):
         raise WireError("not_finite", f"'{field}' contains NaN or Inf, or a value beyond the range of {np.dtype(dtype)}")
     return a
+
+
+class PredictionEncoder:
+    """The engine's "prediction" replies, with one msgpack Packer reused and the prediction's
+    dtype and shape packed once (again only if they change): the same bytes as ``encode``."""
+
+    def __init__(self):
+        self._packer = msgpack.Packer(use_bin_type=True)
+        self._key, self._array = None, None
+
+    def __call__(self, stream: str, seq: int, pred: np.ndarray, loss: float | None, step: int, version: int,
+                 ts: float) -> bytes:
+        if (pred.dtype, pred.shape) != self._key:
+            self._key = (pred.dtype, pred.shape)
+            self._array = {k: v for k, v in pack_array(pred).items() if k != "data"}
+        data = pred.tobytes() if pred.dtype.byteorder != ">" else pack_array(pred)["data"]
+        return self._packer.pack({"v": VERSION, "type": "prediction", "stream": stream, "seq": seq,
+                                  "pred": {**self._array, "data": data}, "loss": loss, "step": step,
+                                  "version": version, "ts": ts})

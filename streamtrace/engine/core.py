@@ -51,6 +51,9 @@ class EngineCore:
                              "set model.n_out to the model's output size")
         self.streams: dict[str, Stream] = {}
         self.free = list(range(ec.slots - 1, -1, -1))
+        # slots no stream has used: their state is still the initial one (but for the learner's
+        # count of calls, a statistic), so taking one needs no reset
+        self.unused = set(self.free)
         self.metrics = Metrics()
         self.parking = ParkingLot(ec.park_s, ec.max_parked)
         self._internal_logged: set = set()
@@ -61,6 +64,8 @@ class EngineCore:
         self._published_params: dict | None = None
         self.ckpt = CheckpointDir(cfg.checkpoint.dir, cfg.checkpoint.keep) if cfg.checkpoint.dir else None
         self._input_cache: dict = {}
+        self._pending = 0                # queued messages over all streams (has_pending, per loop turn)
+        self._reply = wire.PredictionEncoder()
         self.buckets = sorted({1 << i for i in range(ec.micro_batch.bit_length()) if 1 << i <= ec.micro_batch}
                               | {ec.micro_batch})
         self.ready = list(self.buckets)  # sizes tick may use, ascending (compiled on first use,
@@ -73,23 +78,27 @@ class EngineCore:
             pass
 
     def warmup_first(self):
-        """The 1-step program and the slot programs (reset, parking's read and write): what
-        the first answers need. Larger micro-batch sizes wait for ``warmup_later``."""
+        """The 1-step program: what the first answers need (a slot no stream has used needs
+        no reset). The slot programs and larger micro-batch sizes wait for ``warmup_later``."""
         self.ready = [1]
         self.learner.compiled()
-        if self.learner.slots is not None:
-            self.learner.compiled_reset()
-            if self.parking.enabled:     # a no-op write of slot 0 compiles the read and the write
-                self.learner.write_slot(0, self.learner.read_slot(0))
 
     def warmup_later(self):
-        """The micro-batch sizes, one per ``next()``: the engine loop compiles them between
-        messages; ``tick`` uses a size once it is in ``ready``."""
+        """The slot programs (reset, parking's read and write) and the micro-batch sizes, one
+        size per ``next()``: the engine loop compiles them between messages; ``tick`` uses a
+        size once it is in ``ready`` (a slot program needed before is compiled on first use)."""
+        self._compile_slot_programs()
         for k in self.buckets:
             if k > 1:
                 self.learner.compiled(k)
                 self.ready.append(k)
                 yield
+
+    def _compile_slot_programs(self):
+        if self.learner.slots is not None:
+            self.learner.compiled_reset()
+            if self.parking.enabled:     # a no-op write of slot 0 compiles the read and the write
+                self.learner.write_slot(0, self.learner.read_slot(0))
 
     # ---- ingest -----------------------------------------------------------------------
     def ingest(self, raw: bytes, origin=None, t_recv: float | None = None) -> list:
@@ -194,6 +203,7 @@ class EngineCore:
             self.metrics.count("lost_on_resync", seq - expected)
         st.next_seq, st.resync, st.last_seen = seq + 1, False, t_recv
         st.pending.append((d, origin, t_recv))
+        self._pending += 1
         self.metrics.count("accepted")
         return []
 
@@ -203,8 +213,9 @@ class EngineCore:
         if not self.free:
             return None
         slot = self.free.pop()
-        if fresh:
+        if fresh and slot not in self.unused:
             self.learner.reset_slot(slot)
+        self.unused.discard(slot)
         return slot
 
     def evict_idle(self, now: float | None = None):
@@ -224,19 +235,18 @@ class EngineCore:
                 self.free.append(st.slot)
 
     def has_pending(self) -> bool:
-        return any(st.pending for st in self.streams.values())
+        return self._pending > 0
 
     # ---- one batched call ---------------------------------------------------------------
     def tick(self) -> list:
-        busy = [st for st in self.streams.values() if st.pending]
-        if not busy:
+        if not self._pending:
             return []
+        busy = [st for st in self.streams.values() if st.pending]
         out = []
         count = max(len(st.pending) for st in busy)
         ready = self.ready               # a size not compiled yet: its steps go in smaller calls
-        k = next((b for b in ready if b >= count), ready[-1])
-        n_msgs = sum(min(len(st.pending), k) for st in busy)
-        if self.ckpt and self._since_ckpt + n_msgs > self.cfg.checkpoint.every:
+        k = 1 if count == 1 else next((b for b in ready if b >= count), ready[-1])
+        if self.ckpt and self._since_ckpt + sum(min(len(st.pending), k) for st in busy) > self.cfg.checkpoint.every:
             self.save_checkpoint()
         L, supervised = self.learner, self.cfg.learning.mode == "supervised"
         xs, ys, active, learn = self._inputs(k)
@@ -253,6 +263,7 @@ class EngineCore:
                 else:
                     learn[j, st.slot] = d["mode"] == "learn"
                 taken.append((j, st.slot, d, origin, t_recv))
+        self._pending -= len(taken)
         if k > 1:
             results = L.decode(L.step_unchecked(xs, ys, active, learn, k), k)
         else:
@@ -261,20 +272,21 @@ class EngineCore:
         self._since_publish += len(taken)
         self._since_ckpt += len(taken)
         self.metrics.count("steps", len(taken))
-        self.metrics.count("updates", int(sum(np.any(r.applied) for r in results)))
+        self.metrics.count("updates", sum(1 for r in results if r.applied is True or
+                                          (r.applied is not False and r.applied.any())))
+        encode, metrics, publish = self._reply, self.metrics, self.cfg.publish.predictions
+        steps, version, now = self.steps, self.version, self.clock()
         for j, slot, d, origin, t_recv in taken:
             r = results[j]
             loss = float(r.loss[slot])
-            self.metrics.loss(d["stream"], loss)
-            reply = wire.encode({"type": "prediction", "stream": d["stream"], "seq": d["seq"],
-                                 "pred": wire.pack_array(r.prediction[slot]),
-                                 "loss": None if loss != loss else loss, "step": self.steps,
-                                 "version": self.version, "ts": d["ts"]})
+            name = d["stream"]
+            metrics.loss(name, loss)
+            reply = encode(name, d["seq"], r.prediction[slot], None if loss != loss else loss, steps, version, d["ts"])
             if origin is not None:
                 out.append(("reply", origin, reply))
-            if self.cfg.publish.predictions:
-                out.append(("pub", b"pred/" + d["stream"].encode(), reply))
-            self.metrics.latency(self.clock() - t_recv)
+            if publish:
+                out.append(("pub", b"pred/" + name.encode(), reply))
+            metrics.latency(now - t_recv)
         self.metrics.count("answered", len(taken))
         every = self.cfg.publish.weights_every
         if every and self._since_publish >= every:
@@ -290,8 +302,8 @@ class EngineCore:
             bufs = self._input_cache[k] = (np.zeros((k, L.n) + self.x_shape, L.x_dtype),
                                            np.zeros((k, L.n) + self.y_shape, L.y_dtype),
                                            np.zeros((k, L.n), bool), np.zeros((k, L.n), bool))
-        bufs[2][:] = False
-        bufs[3][:] = False
+        bufs[2].fill(False)
+        bufs[3].fill(False)
         return bufs
 
     # ---- weights ------------------------------------------------------------------------
@@ -362,5 +374,6 @@ class EngineCore:
             self.streams[name] = Stream(int(s["slot"]), s["next_seq"], self.clock(), resync=True)
             used.add(int(s["slot"]))
         self.free = [i for i in range(self.cfg.engine.slots - 1, -1, -1) if i not in used]
+        self.unused = set()              # the loaded state is in every slot: a new stream resets its slot
         self._published_params = None
         return {"path": str(path), **header}

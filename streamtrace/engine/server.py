@@ -19,6 +19,7 @@ from ..learner.checkpoint import CheckpointError
 from .config import ConfigError, EngineConfig
 from .compile_cache import disable as disable_compile_cache, enable as enable_compile_cache, resolve
 from .core import EngineCore
+from .memory import release_after_warmup
 from .preflight import check_environment, check_security
 from .receive import recv_message
 
@@ -26,6 +27,7 @@ __all__ = ["Engine", "serve", "open_engine"]
 
 log = logging.getLogger("streamtrace.engine")
 
+_EVENTS, _POLLIN = zmq.EVENTS, zmq.POLLIN
 WARM_OVERDUE_S = 2.0     # busy since the first answer this long: compile between messages anyway
 
 
@@ -134,6 +136,8 @@ class Engine:
             except Exception:   # noqa: BLE001 - serve on with the sizes compiled so far
                 log.exception("compiling a micro-batch size failed; serving with sizes %s", self.core.ready)
                 self._warming = False
+            if self._warming is False:     # every program is compiled: drop what compiling kept
+                release_after_warmup()
 
     def stop(self, *_):
         self._stop = True
@@ -172,25 +176,30 @@ class Engine:
             while not self._stop:
                 timeout = 0 if core.has_pending() else 50
                 events = dict(poller.poll(timeout))
+                from_router, from_pull = bool(events.get(self.router)), bool(events.get(self.pull))
                 for _ in range(drain_max):  # drain what waits, then step once for all of it
-                    got = False
-                    if events.get(self.router):
+                    # a socket is read again only while it says a message waits (asking is
+                    # cheaper than the zmq.Again exception of an empty read)
+                    if from_router:
                         try:
                             m = recv_message(self.router, routed=True, max_bytes=max_bytes)
-                            got = True
-                            self._send(core.ingest(m.payload, m.identity) if m.error is None
-                                       else core.reject(m.identity, *m.error))
+                            outs = (core.ingest(m.payload, m.identity) if m.error is None
+                                    else core.reject(m.identity, *m.error))
+                            if outs:             # a queued message answers at the step
+                                self._send(outs)
+                            from_router = self.router.getsockopt(_EVENTS) & _POLLIN
                         except zmq.Again:
-                            events.pop(self.router, None)
-                    if self.pull is not None and events.get(self.pull):
+                            from_router = False
+                    if from_pull:
                         try:
                             m = recv_message(self.pull, routed=False, max_bytes=max_bytes)
-                            got = True
-                            self._send(core.ingest(m.payload, None) if m.error is None
-                                       else core.reject(None, *m.error))
+                            outs = core.ingest(m.payload, None) if m.error is None else core.reject(None, *m.error)
+                            if outs:
+                                self._send(outs)
+                            from_pull = self.pull.getsockopt(_EVENTS) & _POLLIN
                         except zmq.Again:
-                            events.pop(self.pull, None)
-                    if not got:
+                            from_pull = False
+                    if not (from_router or from_pull):
                         break
                 busy = bool(events) or core.has_pending()
                 while core.has_pending():

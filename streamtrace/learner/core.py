@@ -2,6 +2,7 @@
 compiled into one step function whose state crosses the call as a few packed buffers."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import brainstate
@@ -345,7 +346,7 @@ class OnlineLearner:
     def _decode(self, vec) -> StepResult:
         one = self.out_shape if self.horizon == 1 else (self.horizon,) + self.out_shape
         pred_shape = one if self.slots is None else (self.n,) + one
-        n_out = int(np.prod(pred_shape))
+        n_out = math.prod(pred_shape)
         pred = vec[:n_out].reshape(pred_shape)
         loss = vec[n_out:n_out + self.n]
         applied = vec[n_out + self.n:] > 0.5
