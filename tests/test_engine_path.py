@@ -139,9 +139,19 @@ def test_rss_reads_this_process():
 
 # ---- imports ----------------------------------------------------------------------------------------
 def test_streamtrace_imports_brainstate_without_matplotlib_which_stays_importable():
-    code = ("import sys, streamtrace, brainstate, saiunit\n"
+    code = ("import sys, streamtrace\n"
+            "from streamtrace import OnlineLearner\n"
+            "import brainstate, saiunit\n"
             "assert 'brainstate' in sys.modules and 'matplotlib' not in sys.modules, 'matplotlib loaded'\n"
             "import matplotlib; matplotlib.use('Agg'); import matplotlib.pyplot as plt\n"
             "plt.figure(); plt.plot([1, 2]); print('ok')\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_clients_and_bridges_import_without_jax():
+    code = ("import sys, streamtrace.adapters, streamtrace.adapters.link, streamtrace.adapters.lsl, "
+            "streamtrace.adapters.mqtt, streamtrace.wire, streamtrace.engine.config\n"
+            "print(sorted(m for m in ('jax', 'brainstate', 'optax') if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr[-2000:]

@@ -1,4 +1,8 @@
 """Eligibility traces: the compiler (jaxpr analysis) and the algorithms built on it."""
+from .._imports import import_brainstate
+
+import_brainstate()     # before brainstate is first imported: without matplotlib (see _imports)
+
 from .algorithm import ETraceVjpAlgorithm
 from .d_rtrl import D_RTRL
 from .data import MultiStepData, SingleStepData

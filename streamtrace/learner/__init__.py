@@ -1,4 +1,8 @@
 """The online learner: one compiled step per sample, many streams, exact checkpoints."""
+from .._imports import import_brainstate
+
+import_brainstate()     # before brainstate is first imported: without matplotlib (see _imports)
+
 from .checkpoint import (
            CheckpointDir,
            CheckpointError,

@@ -1,4 +1,8 @@
 """Network building blocks: marked weight ops, rate cells, neuron groups."""
+from .._imports import import_brainstate
+
+import_brainstate()     # before brainstate is first imported: without matplotlib (see _imports)
+
 from . import ops
 from .layers import DiagRNNCell, GRUCell, Linear, LSTMCell, RNNCell
 from .neurons import ALIF, LIF, LeakyRate, LeakyRateReadout
