@@ -283,9 +283,24 @@ MULTI = {
     "model": {"stack": "gru", "n_in": N_IN, "n_hidden": 12, "n_out": N_OUT, "seed": 3},
     "learning": {"algorithm": "d-rtrl", "mode": "supervised", "optimizer": "adam", "lr": 5e-3},
     "engine": {"slots": 64, "shared_weights": False, "micro_batch": 4, "max_pending": 256},
-    "publish": {"weights_every": 0, "stats_every_s": 3600.0, "predictions": False},
+    "publish": {"weights_every": 0, "stats_every_s": 0.2, "predictions": False},
 }
 PROCS, PER_PROC, STEPS, WINDOW = 4, 16, 150, 6
+
+
+def wait_for_batch_sizes(pub_endpoint, sizes, timeout=120.0):
+    """Until the engine's stats say every micro-batch size is compiled (an idle engine compiles
+    them after its first second), so that piled-up steps can share a call."""
+    sub = Subscriber(pub_endpoint, (b"stats",))
+    try:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            got = sub.recv(1.0)
+            if got is not None and got[1].get("batch_sizes") == sizes:
+                return
+        raise AssertionError(f"the engine did not compile micro-batch sizes {sizes} within {timeout} s")
+    finally:
+        sub.close()
 
 
 def reference_predictions(cfg, indices):
@@ -305,6 +320,7 @@ def test_64_streams_from_4_processes_answered_once_and_equal_single_stream_learn
     with running_engine(tmp_path, MULTI) as (proc, ep, cfg_path):
         cfg = load_config(cfg_path)
         assert (cfg.engine.slots, cfg.engine.shared_weights, cfg.learning.mode) == (64, False, "supervised")
+        wait_for_batch_sizes(ep["pub"], [1, 2, 4])
         outs = [tmp_path / f"client-{p}.npz" for p in range(PROCS)]
         clients = [subprocess.Popen([sys.executable, str(HELPERS), "client", ep["router"], str(p), str(PER_PROC),
                                      str(STEPS), str(WINDOW), str(outs[p])],

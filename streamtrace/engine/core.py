@@ -341,6 +341,7 @@ class EngineCore:
                                   for name, st in self.streams.items()}
         self.metrics.quality(snap["stream_metrics"])
         snap["version"] = self.version
+        snap["batch_sizes"] = list(self.ready)    # micro-batch sizes compiled so far (the rest warm up)
         return wire.encode({"type": "stats", **snap})
 
     # ---- durability ---------------------------------------------------------------------
