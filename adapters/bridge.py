@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-__all__ = ["BridgeStats", "load_bridge_config", "engine_endpoint", "stop_event"]
+__all__ = ["BridgeStats", "BridgeThread", "load_bridge_config", "apply_flags", "engine_endpoint", "stop_event"]
 
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:5555"
 
@@ -38,6 +38,15 @@ def load_bridge_config(path, bus: str, settings):
     fill_section(settings, bridge.get(bus, {}), f"bridge.{bus}.")
     router = data.get("sockets", {}).get("router") if isinstance(data.get("sockets"), dict) else None
     return settings, router
+
+
+def apply_flags(settings, args, names):
+    """Each of the ``names`` given as a flag (not None on ``args``) overrides that setting."""
+    for name in names:
+        value = getattr(args, name, None)
+        if value is not None:
+            setattr(settings, name, value)
+    return settings
 
 
 def engine_endpoint(flag: str | None, from_config: str | None) -> str:
@@ -110,3 +119,37 @@ def stop_event() -> threading.Event:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: ev.set())
     return ev
+
+
+class BridgeThread:
+    """``start()`` / ``stop()`` for a bridge whose ``run(stop_event)`` is the bridge: it runs in a
+    daemon thread; ``stop`` sets the event, joins, re-raises what ended the thread, and returns
+    ``self.result()``. A bridge sets ``_stop`` (an Event), ``_thread`` and ``_error`` (None) in
+    its ``__init__``."""
+    thread_name = "bridge"
+
+    def start(self):
+        def target():
+            try:
+                self.run(self._stop)
+            except BaseException as e:  # noqa: BLE001 - handed to stop()
+                self._error = e
+                self.failed()
+        self._thread = threading.Thread(target=target, name=self.thread_name, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 10.0):
+        """Stop the thread started by ``start``; re-raises what ended it, if anything did."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        if self._error is not None:
+            raise self._error
+        return self.result()
+
+    def failed(self):
+        """Called in the thread when ``run`` raised (before ``stop`` re-raises it)."""
+
+    def result(self):
+        return self.summary()

@@ -31,7 +31,7 @@ import zmq
 
 from streamtrace.wire import MAX_STREAM_ID
 
-from .bridge import BridgeStats, engine_endpoint, load_bridge_config, stop_event
+from .bridge import BridgeStats, BridgeThread, apply_flags, engine_endpoint, load_bridge_config, stop_event
 
 __all__ = ["LslSettings", "LslBridge", "LslBridgeError", "add_arguments", "run_cli"]
 
@@ -120,7 +120,7 @@ class _Stream:
                 **({"error": self.error} if self.error else {})}
 
 
-class LslBridge:
+class LslBridge(BridgeThread):
     """Bridges matching LSL streams to the engine at ``endpoint`` until ``stop`` is set.
 
     ``run(stop)`` in the calling thread, or ``start()`` / ``stop()`` in a thread of its own.
@@ -141,25 +141,13 @@ class LslBridge:
         self._error: BaseException | None = None
         self.ready = threading.Event()                # set once the first inlet is open
 
-    # ---- thread API ----------------------------------------------------------------------------
-    def start(self) -> "LslBridge":
-        def main():
-            try:
-                self.run(self._stop)
-            except BaseException as e:      # noqa: BLE001 - handed to stop()
-                self._error = e
-                self.ready.set()
-        self._thread = threading.Thread(target=main, name="lsl-bridge", daemon=True)
-        self._thread.start()
-        return self
+    # ---- thread API (BridgeThread's start / stop) ----------------------------------------------
+    thread_name = "lsl-bridge"
 
-    def stop(self, timeout: float = 10.0) -> BridgeStats:
-        """Stop the thread started by ``start``; re-raises what ended it, if anything did."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-        if self._error is not None:
-            raise self._error
+    def failed(self):
+        self.ready.set()
+
+    def result(self) -> BridgeStats:
         return self.stats
 
     # ---- the loop --------------------------------------------------------------------------------
@@ -401,10 +389,7 @@ def add_arguments(parser):
 
 def settings_from(args) -> tuple[LslSettings, str]:
     settings, router = load_bridge_config(getattr(args, "config", None), "lsl", LslSettings())
-    for key in ("name", "type", "predicate", "stream_id", "wait_s", "rescan_s"):
-        value = getattr(args, key, None)
-        if value is not None:
-            setattr(settings, key, value)
+    apply_flags(settings, args, ("name", "type", "predicate", "stream_id", "wait_s", "rescan_s"))
     return settings.validate(), engine_endpoint(getattr(args, "endpoint", None), router)
 
 

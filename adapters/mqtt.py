@@ -32,7 +32,7 @@ import zmq
 
 from streamtrace import wire
 
-from .bridge import DEFAULT_ENDPOINT, BridgeStats, engine_endpoint, load_bridge_config, stop_event
+from .bridge import DEFAULT_ENDPOINT, BridgeStats, BridgeThread, apply_flags, engine_endpoint, load_bridge_config, stop_event
 from .link import EngineLink
 from .payload import BadPayload, decode_sample
 
@@ -113,7 +113,7 @@ def topic_matches(pattern: str, topic: str) -> bool:
     return len(p) == len(t)
 
 
-class MqttBridge:
+class MqttBridge(BridgeThread):
     """Samples from ``settings.topic`` to the engine at ``endpoint``, predictions back on MQTT.
 
     ``run(stop)`` is the bridge (it returns when ``stop`` is set); ``start()`` / ``stop()`` run it
@@ -127,8 +127,8 @@ class MqttBridge:
         self.ctx = ctx or zmq.Context.instance()
         self.log = log
         self.stats = BridgeStats()
-        self.counts: Counter = Counter()        # written by the bridge thread
-        self.net: Counter = Counter()           # the broker connection: connects, disconnects
+        self.counts: Counter = Counter()        # engine and publishing: engine_silent, weights_published, ...
+        self.net: Counter = Counter()           # the broker connection: connects, disconnects, ...
         self.connected = threading.Event()
         self.link: EngineLink | None = None
         self._closing = False
@@ -141,24 +141,8 @@ class MqttBridge:
         self._stop = threading.Event()
         self._error: BaseException | None = None
 
-    # ---- running -------------------------------------------------------------------------
-    def start(self) -> MqttBridge:
-        def target():
-            try:
-                self.run(self._stop)
-            except BaseException as e:  # noqa: BLE001 - handed to stop()
-                self._error = e
-        self._thread = threading.Thread(target=target, name="mqtt-bridge", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self, timeout: float = 10.0) -> dict:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-        if self._error is not None:
-            raise self._error
-        return self.summary()
+    # ---- running (BridgeThread's start / stop; stop returns the summary) ---------------------
+    thread_name = "mqtt-bridge"
 
     def run(self, stop: threading.Event | None = None) -> BridgeStats:
         try:
@@ -397,10 +381,7 @@ def add_arguments(parser):
 def settings_from(args) -> tuple[MqttSettings, str]:
     """``[bridge.mqtt]`` of --config, overridden by the flags given; and the engine endpoint."""
     settings, router = load_bridge_config(args.config, "mqtt", MqttSettings())
-    for flag, (name, _, _) in FLAGS.items():
-        value = getattr(args, flag[2:].replace("-", "_"), None)
-        if value is not None:
-            setattr(settings, name, value)
+    apply_flags(settings, args, [name for name, _, _ in FLAGS.values()])
     return settings.validate(), engine_endpoint(args.endpoint, router)
 
 

@@ -58,9 +58,9 @@ class ETraceVjpAlgorithm:
         if vjp_method == "multi-step" and signal is not None:
             raise ValueError("learning-signal hooks apply to vjp_method='single-step' only")
         self.signal = as_signal(signal).bind(self)
-        self._step = self._make_single_step()
+        self._step = self._make_step()
         self._window = self._make_window()
-        self._slots_step = self._make_slots_step() if self.batched_grads else None
+        self._slots_step = self._make_step(slots=True) if self.batched_grads else None
 
     # ---- what subclasses provide ------------------------------------------------------
     @property
@@ -110,15 +110,23 @@ class ETraceVjpAlgorithm:
         """Parameters differentiated by backprop through the step (not through traces)."""
         return tuple(n for n in self.graph.param_names if n not in self.traced_params)
 
-    def _make_single_step(self):
+    def _make_step(self, slots: bool = False):
+        """The step with its custom VJP: the traces give the weight gradients. ``slots``: a
+        leading slot axis on hidden, traces and args (params shared), the backward pass
+        contracting all slots' learning signals and traces at once."""
         graph = self.graph
+        each = jax.vmap if slots else (lambda f: f)
+        forward = jax.vmap(self._forward, in_axes=(None, 0, 0, 0)) if slots else self._forward
+
+        def signal(g, aux, out, ct_out, new_h):
+            return self.signal.transform(self.learning_signal(g, aux), SignalContext(graph, out, ct_out, new_h))
 
         @jax.custom_vjp
         def step(params, hidden, traces, args):
-            return self.forward(params, hidden, traces, args)
+            return forward(params, hidden, traces, args)[:3]
 
         def fwd(params, hidden, traces, args):
-            out, new_h, new_tr, aux = self._forward(params, hidden, traces, args)
+            out, new_h, new_tr, aux = forward(params, hidden, traces, args)
             return (out, new_h, new_tr), (params, hidden, traces, args, out, new_h, new_tr, aux)
 
         def bwd(res, cts):
@@ -126,9 +134,9 @@ class ETraceVjpAlgorithm:
             ct_out, ct_h, _ = cts
             g, dparams, dargs = kernel.backward(graph, params, hidden, args, ct_out, ct_h,
                                                 diff_params=self._direct_params(),
-                                                cut_hidden=self.cut_hidden)
-            g = self.signal.transform(self.learning_signal(g, aux), SignalContext(graph, out, ct_out, new_h))
-            dtrace = self.weight_grads(self.signal.contraction_traces(new_tr), g)
+                                                cut_hidden=self.cut_hidden, slots=slots)
+            g = each(signal)(g, aux, out, ct_out, new_h)
+            dtrace = self.weight_grads(each(self.signal.contraction_traces)(new_tr), g)
             grads = {n: _sum_present(dtrace.get(n), dparams.get(n)) for n in params}
             return grads, kernel.zeros_like_tree(hidden), kernel.zeros_like_tree(traces), dargs
 
@@ -144,35 +152,6 @@ class ETraceVjpAlgorithm:
         if self._slots_step is None:
             return jax.vmap(lambda p, h, tr, x: self(p, h, tr, x), in_axes=(None, 0, 0, 0))(params, hidden, traces, x)
         return self._slots_step(params, hidden, traces, (x,))
-
-    def _make_slots_step(self):
-        graph = self.graph
-        vforward = jax.vmap(self._forward, in_axes=(None, 0, 0, 0))
-
-        def signal(g, aux, out, ct_out, new_h):
-            return self.signal.transform(self.learning_signal(g, aux), SignalContext(graph, out, ct_out, new_h))
-
-        @jax.custom_vjp
-        def step(params, hidden, traces, args):
-            return vforward(params, hidden, traces, args)[:3]
-
-        def fwd(params, hidden, traces, args):
-            out, new_h, new_tr, aux = vforward(params, hidden, traces, args)
-            return (out, new_h, new_tr), (params, hidden, traces, args, out, new_h, new_tr, aux)
-
-        def bwd(res, cts):
-            params, hidden, traces, args, out, new_h, new_tr, aux = res
-            ct_out, ct_h, _ = cts
-            g, dparams, dargs = kernel.backward_slots(graph, params, hidden, args, ct_out, ct_h,
-                                                      diff_params=self._direct_params(),
-                                                      cut_hidden=self.cut_hidden)
-            g = jax.vmap(signal)(g, aux, out, ct_out, new_h)
-            dtrace = self.weight_grads(jax.vmap(self.signal.contraction_traces)(new_tr), g)
-            grads = {n: _sum_present(dtrace.get(n), dparams.get(n)) for n in params}
-            return grads, kernel.zeros_like_tree(hidden), kernel.zeros_like_tree(traces), dargs
-
-        step.defvjp(fwd, bwd)
-        return step
 
     def _make_window(self):
         graph = self.graph

@@ -16,7 +16,7 @@ import numpy as np
 
 from .graph import ETraceGraph
 
-__all__ = ["forward", "backward", "backward_slots", "plain_step", "group_stack", "zeros_like_tree", "sum_s"]
+__all__ = ["forward", "backward", "plain_step", "group_stack", "zeros_like_tree", "sum_s"]
 
 
 def sum_s(terms):
@@ -127,7 +127,7 @@ def partial_signal(g_total: list, P: list) -> list:
 
 
 def backward(graph: ETraceGraph, params, hidden, args, ct_out, ct_hidden, diff_params: tuple,
-             cut_hidden: bool = False):
+             cut_hidden: bool = False, slots: bool = False):
     """Learning signal and direct gradients, by one VJP of the step.
 
     The new hidden values get an additive perturbation e (zero); g = dL/de is the learning
@@ -136,29 +136,12 @@ def backward(graph: ETraceGraph, params, hidden, args, ct_out, ct_hidden, diff_p
     path with the previous state held fixed. With ``cut_hidden`` the new state is treated as
     an independent variable (stop-gradient + e): g and the parameter gradients then only hold
     the paths from h_t onward / not through h_t, as exact RTRL needs.
+    With ``slots`` hidden, args and the cotangents carry a leading slot axis (params shared):
+    the VJP is taken of the step vmapped over the slots, so the shared parameters' gradients
+    come out summed over the slots as one contraction (x^T g) instead of one outer product per
+    slot that is then summed.
     Returns (g per group (..., S), dparams {name: grad}, dargs).
     """
-    fixed = {n: v for n, v in params.items() if n not in diff_params}
-
-    def G(dp, a, e):
-        if cut_hidden:
-            hook = lambda n, v: jax.lax.stop_gradient(v) + e[n]
-        else:
-            hook = lambda n, v: v + e[n]
-        return graph.run({**fixed, **dp}, hidden, a, hidden_hook=hook)
-
-    dp0 = {n: params[n] for n in diff_params}
-    _, vjp_g = jax.vjp(G, dp0, args, zeros_like_tree(hidden))
-    dparams, dargs, g = vjp_g((ct_out, ct_hidden))
-    return group_stack(graph, g), dparams, dargs
-
-
-def backward_slots(graph: ETraceGraph, params, hidden, args, ct_out, ct_hidden, diff_params: tuple,
-                   cut_hidden: bool = False):
-    """``backward`` for N slots at once (a leading slot axis on hidden, args and cotangents;
-    params shared). The VJP is taken of the step vmapped over the slots, so the gradients of
-    the shared parameters come out summed over the slots as one contraction (x^T g, a matrix
-    product) instead of one outer product per slot that is then summed."""
     fixed = {n: v for n, v in params.items() if n not in diff_params}
 
     def one(dp, h, a, e):
@@ -168,8 +151,8 @@ def backward_slots(graph: ETraceGraph, params, hidden, args, ct_out, ct_hidden, 
             hook = lambda n, v: v + e[n]
         return graph.run({**fixed, **dp}, h, a, hidden_hook=hook)
 
-    G = jax.vmap(one, in_axes=(None, 0, 0, 0))
+    run = jax.vmap(one, in_axes=(None, 0, 0, 0)) if slots else one
     dp0 = {n: params[n] for n in diff_params}
-    _, vjp_g = jax.vjp(lambda dp, a, e: G(dp, hidden, a, e), dp0, args, zeros_like_tree(hidden))
+    _, vjp_g = jax.vjp(lambda dp, a, e: run(dp, hidden, a, e), dp0, args, zeros_like_tree(hidden))
     dparams, dargs, g = vjp_g((ct_out, ct_hidden))
     return group_stack(graph, g), dparams, dargs
