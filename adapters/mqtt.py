@@ -32,7 +32,8 @@ import zmq
 
 from streamtrace import wire
 
-from .bridge import DEFAULT_ENDPOINT, BridgeStats, BridgeThread, apply_flags, engine_endpoint, load_bridge_config, stop_event
+from .bridge import (DEFAULT_ENDPOINT, BridgeStats, BridgeThread, apply_flags, engine_endpoint, load_bridge_config,
+                     stop_event)
 from .link import EngineLink
 from .payload import BadPayload, decode_sample
 
