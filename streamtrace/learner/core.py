@@ -117,7 +117,6 @@ class OnlineLearner:
         self.buffers = tuple(jnp.array(b, copy=True) for b in self._init_buffers)  # donated, not these
         self._compiled = {}
         self._ones = np.ones(self.n, bool)
-        self._no_target = np.zeros((self.n,) + self.out_shape if slots else self.out_shape, self.y_dtype)
 
     def _channels(self, spec):
         if spec is None or spec.channels is None:
@@ -245,23 +244,59 @@ class OnlineLearner:
     def _fn(self, k: int | None):
         """The pure packed step: (buffers, x, y, active, learn) -> (buffers, out vector).
         k=None: one step; k: a scan over k pending steps (micro-batching)."""
-        layout, squeeze = self.layout, self.slots is None
+        layout = self.layout
+
+        def fn(buffers, x, y, active, learn):
+            state, vec = self._steps(layout.unpack(buffers), k, x, y, active, learn)
+            return layout.pack(state), vec
+        return fn
+
+    def _steps(self, state, k, x, y, active, learn):
+        squeeze = self.slots is None
 
         def single(state, x, y, active, learn):
             if squeeze:
                 x, y = x[None], y[None]
             state, out, loss, applied = self._core(state, x, y, active, learn)
             return state, self._pack_out(out[0] if squeeze else out, loss, applied)
+        if k is None:
+            return single(state, x, y, active, learn)
+        state, vecs = jax.lax.scan(lambda s, xs: single(s, *xs), state, (x, y, active, learn))
+        return state, jnp.ravel(vecs)
 
-        def fn(buffers, x, y, active, learn):
-            state = layout.unpack(buffers)
-            if k is None:
-                state, vec = single(state, x, y, active, learn)
-            else:
-                state, vecs = jax.lax.scan(lambda s, xs: single(s, *xs), state, (x, y, active, learn))
-                vec = jnp.ravel(vecs)
-            return layout.pack(state), vec
+    def _fn_subset(self):
+        """Steps of m of the N slots: (buffers, idx (m,), count, xs, ys, active, learn) with
+        xs (K, m, ...): the first ``count`` (<= K) steps run. The m slots' state is gathered,
+        stepped and scattered back; the other slots are not read or written, so a call costs
+        m slots, not N. Equal to the full step with only those slots active
+        (tests/test_slot_subset.py)."""
+        layout, n = self.layout, self.n
+
+        def fn(buffers, idx, count, xs, ys, active, learn):
+            full = layout.unpack(buffers)
+            part = self._slot_part(full)
+            state = self._with_slot_part(full, jax.tree_util.tree_map(lambda a: a[idx], part))
+            vecs = jnp.zeros((xs.shape[0], self._vec_size(idx.shape[0])), jnp.result_type(self.y_dtype, jnp.float32))
+
+            def body(i, carry):
+                state, vecs = carry
+                state, vec = self._steps(state, None, xs[i], ys[i], active[i], learn[i])
+                return state, vecs.at[i].set(vec)
+            # a loop of run-time length: its carry is a buffer of its own, so the step reads
+            # the m gathered slots from there (a fused gather out of the N-slot buffers would
+            # make XLA copy those whole before writing back into them)
+            state, vecs = jax.lax.fori_loop(0, count, body, (state, vecs))
+            new = jax.tree_util.tree_map(lambda a, b: a.at[idx].set(b), part, self._slot_part(state))
+            if self.per_slot:     # every slot counts every call as a step, as in the full step
+                others = jnp.ones(n, jnp.int32).at[idx].set(0)
+                c = new["stats"]["counters"]
+                new = {**new, "stats": {**new["stats"], "counters": c.at[:, COUNTERS.index("step")].add(count * others)}}
+            return layout.pack(self._with_slot_part(state, new)), vecs
         return fn
+
+    def _vec_size(self, m):
+        one = self.out_shape if self.horizon == 1 else (self.horizon,) + self.out_shape
+        return m * math.prod(one) + m + (m if self.per_slot else 1)
 
     def compiled(self, k: int | None = None):
         """The AOT-compiled packed step (cached per micro-batch size)."""
@@ -271,12 +306,25 @@ class OnlineLearner:
             self._compiled[k] = fn.lower(self.buffers, x, y, a, a).compile(step_compiler_options())
         return self._compiled[k]
 
-    def _example_inputs(self, k):
+    def compiled_subset(self, m: int, k: int = 1):
+        """The AOT-compiled steps of m slots, up to k steps per call (see ``_fn_subset``).
+        Its buffers are always donated: the m slots are written back in place."""
+        if self.slots is None or not 1 <= m <= self.n or k < 1:
+            raise ValueError(f"a subset step needs a learner with slots, 1 <= m <= {self.n} and k >= 1; "
+                             f"got m={m}, k={k}")
+        key = ("subset", m, k)
+        if key not in self._compiled:
+            x, y, a = self._example_inputs(k, m)
+            self._compiled[key] = jax.jit(self._fn_subset(), donate_argnums=(0,)).lower(
+                self.buffers, np.zeros(m, np.int32), np.int32(1), x, y, a, a).compile(step_compiler_options())
+        return self._compiled[key]
+
+    def _example_inputs(self, k, n=None):
         lead = () if k is None else (k,)
-        slot = () if self.slots is None else (self.n,)
+        slot = () if self.slots is None else (n or self.n,)
         x = np.zeros(lead + slot + self.x_shape, self.x_dtype)
         y = np.zeros(lead + slot + self.out_shape, self.y_dtype)
-        return x, y, np.ones(lead + (self.n,), bool)
+        return x, y, np.ones(lead + (n or self.n,), bool)
 
     def pure_step(self):
         """The step as a pure function of the named state tree (for tests and composition)."""
@@ -291,18 +339,19 @@ class OnlineLearner:
         return step
 
     # ---- calls ------------------------------------------------------------------------
-    def _check(self, x, y, lead=(), learning=True):
+    def _check(self, x, y, lead=(), learning=True, n=None):
+        n = n or self.n
         x = np.asarray(x, self.x_dtype)
-        want = lead + (() if self.slots is None else (self.n,)) + self.x_shape
+        want = lead + (() if self.slots is None else (n,)) + self.x_shape
         if x.shape != want:
             raise ValueError(f"x has shape {x.shape}, expected {want}")
         if y is None:
             if self.cfg.mode == "supervised" and learning:
                 raise ValueError("supervised mode needs a target with every x (or learn=False)")
-            y = self._no_target if not lead else np.zeros(lead + self._no_target.shape, self.y_dtype)
+            y = np.zeros(lead + (() if self.slots is None else (n,)) + self.out_shape, self.y_dtype)
         else:
             y = np.asarray(y, self.y_dtype)
-            want = lead + (() if self.slots is None else (self.n,)) + self.out_shape
+            want = lead + (() if self.slots is None else (n,)) + self.out_shape
             if y.shape != want:
                 raise ValueError(f"target has shape {y.shape}, expected {want}")
         return x, y
@@ -333,23 +382,62 @@ class OnlineLearner:
         per = np.asarray(vec).reshape(k, -1)
         return [self._decode(v) for v in per]
 
-    def step_unchecked(self, x, y, active, learn, k: int | None = None) -> np.ndarray:
+    def step_unchecked(self, x, y, active, learn, k: int | None = None, idx=None) -> np.ndarray:
         """The engine's path: arrays already of the right shapes and dtypes (a leading k axis
-        for k steps), no validation; returns the raw output vector (see ``decode``)."""
-        self.buffers, vec = self.compiled(k)(self.buffers, x, y, active, learn)
+        for k steps), no validation; returns the raw output vector (see ``decode``).
+        idx (m,) int32, distinct slots: one step of those slots only (x, y, active, learn
+        with a slot axis of size m, no k)."""
+        if idx is None:
+            self.buffers, vec = self.compiled(k)(self.buffers, x, y, active, learn)
+        else:
+            self.buffers, vec = self.compiled_subset(len(idx))(self.buffers, idx, np.int32(1), x[None], y[None],
+                                                               active[None], learn[None])
         return np.asarray(vec)
 
-    def decode(self, vec, k: int | None = None) -> list[StepResult] | StepResult:
-        """Split ``step_unchecked``'s vector into StepResults (a list when k is given)."""
-        return self._decode(vec) if k is None else [self._decode(v) for v in vec.reshape(k, -1)]
+    def step_subset_unchecked(self, idx, count: int, xs, ys, active, learn) -> np.ndarray:
+        """The engine's path for a few busy slots: ``count`` steps of slots ``idx`` (m,)
+        int32, distinct; xs, ys, active, learn (K, m, ...) of which the first ``count`` are
+        used (K: the compiled size, see ``compiled_subset``). Returns (K, vector) rows; the
+        first ``count`` are the steps' results (``decode(row, m=m)``)."""
+        m, k = len(idx), len(xs)
+        self.buffers, vecs = self.compiled_subset(m, k)(self.buffers, idx, np.int32(count), xs, ys, active, learn)
+        return np.asarray(vecs)
 
-    def _decode(self, vec) -> StepResult:
+    def step_slots(self, slots, x, target=None, active=None, learn=None) -> StepResult:
+        """One step of the given slots only (distinct indices); x (m, *shape), target,
+        active and learn (m,) in their order. The other slots stay as they are, and the call
+        costs m slots, not N. Results (prediction, loss, applied) are in the order of ``slots``."""
+        if self.slots is None:
+            raise ValueError("step_slots needs a learner with slots")
+        idx = np.asarray(slots)
+        if idx.ndim != 1 or idx.size == 0 or not np.issubdtype(idx.dtype, np.integer):
+            raise ValueError(f"slots must be a non-empty 1-D list of slot indices; got {slots!r}")
+        if idx.min() < 0 or idx.max() >= self.n or len(np.unique(idx)) != idx.size:
+            raise ValueError(f"slots must be distinct indices in 0..{self.n - 1}; got {idx.tolist()}")
+        m = idx.size
+        learn = np.ones(m, bool) if learn is None else np.asarray(learn, bool)
+        if learn.shape != (m,):
+            raise ValueError(f"learn has shape {learn.shape}, expected {(m,)}")
+        x, y = self._check(x, target, learning=bool(learn.any()), n=m)
+        active = np.ones(m, bool) if active is None else np.asarray(active, bool)
+        if active.shape != (m,):
+            raise ValueError(f"active has shape {active.shape}, expected {(m,)}")
+        vec = self.step_unchecked(x, y, active, learn, idx=idx.astype(np.int32))
+        return self._decode(vec[0], m)
+
+    def decode(self, vec, k: int | None = None, m: int | None = None) -> list[StepResult] | StepResult:
+        """Split ``step_unchecked``'s vector into StepResults (a list when k is given);
+        m: the slot count of a subset step."""
+        return self._decode(vec, m) if k is None else [self._decode(v) for v in vec.reshape(k, -1)]
+
+    def _decode(self, vec, n: int | None = None) -> StepResult:
+        n = n or self.n
         one = self.out_shape if self.horizon == 1 else (self.horizon,) + self.out_shape
-        pred_shape = one if self.slots is None else (self.n,) + one
+        pred_shape = one if self.slots is None else (n,) + one
         n_out = math.prod(pred_shape)
         pred = vec[:n_out].reshape(pred_shape)
-        loss = vec[n_out:n_out + self.n]
-        applied = vec[n_out + self.n:] > 0.5
+        loss = vec[n_out:n_out + n]
+        applied = vec[n_out + n:] > 0.5
         return StepResult(pred, loss, applied if self.per_slot else bool(applied[0]))
 
     def reset_slot(self, slot: int):
