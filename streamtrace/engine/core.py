@@ -64,12 +64,18 @@ class EngineCore:
         self._published_params: dict | None = None
         self.ckpt = CheckpointDir(cfg.checkpoint.dir, cfg.checkpoint.keep) if cfg.checkpoint.dir else None
         self._input_cache: dict = {}
+        self._index_cache: dict = {}
         self._pending = 0                # queued messages over all streams (has_pending, per loop turn)
         self._reply = wire.PredictionEncoder()
         self.buckets = sorted({1 << i for i in range(ec.micro_batch.bit_length()) if 1 << i <= ec.micro_batch}
                               | {ec.micro_batch})
         self.ready = list(self.buckets)  # sizes tick may use, ascending (compiled on first use,
                                          # or after warmup_first only once warmup_later did)
+        # a call with few busy streams steps only their slots: programs for m < slots busy
+        # slots (powers of two), each taking up to micro_batch steps per slot
+        n = self.learner.n
+        self.subsets = [1 << i for i in range(n.bit_length()) if 1 << i < n] if self.learner.slots else []
+        self.ready_subsets = list(self.subsets)
 
     def warmup(self):
         """Compile every program now, so no message waits for the compiler."""
@@ -80,7 +86,7 @@ class EngineCore:
     def warmup_first(self):
         """The 1-step program: what the first answers need (a slot no stream has used needs
         no reset). The slot programs and larger micro-batch sizes wait for ``warmup_later``."""
-        self.ready = [1]
+        self.ready, self.ready_subsets = [1], []
         self.learner.compiled()
 
     def warmup_later(self):
@@ -99,6 +105,10 @@ class EngineCore:
             self.learner.compiled_reset()
             if self.parking.enabled:     # a no-op write of slot 0 compiles the read and the write
                 self.learner.write_slot(0, self.learner.read_slot(0))
+            for m in self.subsets:
+                if m not in self.ready_subsets:
+                    self.learner.compiled_subset(m, self.cfg.engine.micro_batch)
+                    self.ready_subsets.append(m)
 
     # ---- ingest -----------------------------------------------------------------------
     def ingest(self, raw: bytes, origin=None, t_recv: float | None = None) -> list:
@@ -242,30 +252,43 @@ class EngineCore:
         if not self._pending:
             return []
         busy = [st for st in self.streams.values() if st.pending]
-        out = []
-        count = max(len(st.pending) for st in busy)
-        ready = self.ready               # a size not compiled yet: its steps go in smaller calls
-        k = 1 if count == 1 else next((b for b in ready if b >= count), ready[-1])
-        if self.ckpt and self._since_ckpt + sum(min(len(st.pending), k) for st in busy) > self.cfg.checkpoint.every:
+        # few busy streams: a call over their slots only (once compiled), else all slots
+        m = next((m for m in self.ready_subsets if m >= len(busy)), None)
+        if m is not None:
+            count = min(max(len(st.pending) for st in busy), self.cfg.engine.micro_batch)
+        else:
+            count = max(len(st.pending) for st in busy)
+            ready = self.ready           # a size not compiled yet: its steps go in smaller calls
+            count = 1 if count == 1 else next((b for b in ready if b >= count), ready[-1])
+        if self.ckpt and self._since_ckpt + sum(min(len(st.pending), count) for st in busy) > self.cfg.checkpoint.every:
             self.save_checkpoint()
         L, supervised = self.learner, self.cfg.learning.mode == "supervised"
-        xs, ys, active, learn = self._inputs(k)
+        if m is None:
+            xs, ys, active, learn = self._inputs(count)
+            pos = [st.slot for st in busy]
+        else:
+            xs, ys, active, learn = self._inputs(("subset", m))
+            pos = list(range(len(busy)))
+            idx = self._subset_index(m, busy)
         taken = []
-        for st in busy:
-            for j in range(min(len(st.pending), k)):
+        for st, p in zip(busy, pos):
+            for j in range(min(len(st.pending), count)):
                 d, origin, t_recv = st.pending.popleft()
-                xs[j, st.slot] = d["x"]
-                active[j, st.slot] = True
+                xs[j, p] = d["x"]
+                active[j, p] = True
                 if supervised:
-                    learn[j, st.slot] = d["mode"] == "learn" and d["y"] is not None
+                    learn[j, p] = d["mode"] == "learn" and d["y"] is not None
                     if d["y"] is not None:
-                        ys[j, st.slot] = d["y"]
+                        ys[j, p] = d["y"]
                 else:
-                    learn[j, st.slot] = d["mode"] == "learn"
-                taken.append((j, st.slot, d, origin, t_recv))
+                    learn[j, p] = d["mode"] == "learn"
+                taken.append((j, p, d, origin, t_recv))
         self._pending -= len(taken)
-        if k > 1:
-            results = L.decode(L.step_unchecked(xs, ys, active, learn, k), k)
+        if m is not None:
+            rows = L.step_subset_unchecked(idx, count, xs, ys, active, learn)
+            results = [L.decode(rows[j], m=m) for j in range(count)]
+        elif count > 1:
+            results = L.decode(L.step_unchecked(xs, ys, active, learn, count), count)
         else:
             results = [L.decode(L.step_unchecked(xs[0], ys[0], active[0], learn[0]))]
         self.steps += len(taken)
@@ -275,13 +298,13 @@ class EngineCore:
         self.metrics.count("updates", sum(1 for r in results if r.applied is True or
                                           (r.applied is not False and r.applied.any())))
         encode, metrics, publish = self._reply, self.metrics, self.cfg.publish.predictions
-        steps, version, now = self.steps, self.version, self.clock()
-        for j, slot, d, origin, t_recv in taken:
+        out, steps, version, now = [], self.steps, self.version, self.clock()
+        for j, p, d, origin, t_recv in taken:
             r = results[j]
-            loss = float(r.loss[slot])
+            loss = float(r.loss[p])
             name = d["stream"]
             metrics.loss(name, loss)
-            reply = encode(name, d["seq"], r.prediction[slot], None if loss != loss else loss, steps, version, d["ts"])
+            reply = encode(name, d["seq"], r.prediction[p], None if loss != loss else loss, steps, version, d["ts"])
             if origin is not None:
                 out.append(("reply", origin, reply))
             if publish:
@@ -293,15 +316,30 @@ class EngineCore:
             out.append(("pub", b"weights", self.weights_message("update")))
         return out
 
+    def _subset_index(self, m, busy):
+        """The slots of a subset call: the busy streams' slots in order, padded to m with
+        slots that stay idle in it (the step leaves an inactive slot as it is)."""
+        idx = self._index_cache.get(m)
+        if idx is None:
+            idx = self._index_cache[m] = np.zeros(m, np.int32)
+        used = [st.slot for st in busy]
+        if len(used) < m:
+            taken = set(used)
+            used += [s for s in range(self.learner.n) if s not in taken][:m - len(used)]
+        idx[:] = used
+        return idx
+
     def _inputs(self, k):
-        """Reusable input arrays for a k-step call (the learner copies them at the call);
-        masks cleared, stale x/y of inactive slots are ignored by the step."""
+        """Reusable input arrays for a k-step call, or ("subset", m): micro_batch steps of m
+        slots (the learner copies them at the call); masks cleared, stale x/y of inactive
+        slots are ignored by the step."""
         bufs = self._input_cache.get(k)
         if bufs is None:
             L = self.learner
-            bufs = self._input_cache[k] = (np.zeros((k, L.n) + self.x_shape, L.x_dtype),
-                                           np.zeros((k, L.n) + self.y_shape, L.y_dtype),
-                                           np.zeros((k, L.n), bool), np.zeros((k, L.n), bool))
+            k_, n = (self.cfg.engine.micro_batch, k[1]) if isinstance(k, tuple) else (k, L.n)
+            bufs = self._input_cache[k] = (np.zeros((k_, n) + self.x_shape, L.x_dtype),
+                                           np.zeros((k_, n) + self.y_shape, L.y_dtype),
+                                           np.zeros((k_, n), bool), np.zeros((k_, n), bool))
         bufs[2].fill(False)
         bufs[3].fill(False)
         return bufs
@@ -342,6 +380,7 @@ class EngineCore:
         self.metrics.quality(snap["stream_metrics"])
         snap["version"] = self.version
         snap["batch_sizes"] = list(self.ready)    # micro-batch sizes compiled so far (the rest warm up)
+        snap["subset_sizes"] = list(self.ready_subsets)   # busy-slot counts with a call of their own
         return wire.encode({"type": "stats", **snap})
 
     # ---- durability ---------------------------------------------------------------------

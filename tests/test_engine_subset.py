@@ -1,0 +1,81 @@
+"""The engine steps only the busy streams' slots when few are busy (a subset call), all slots
+when many are: whatever the mix, each stream's answers equal a learner of its own fed that
+stream alone (the oracle), and a call with one busy stream of many never steps the rest."""
+import numpy as np
+
+from streamtrace import wire
+from streamtrace.engine import EngineCore, load_config
+from streamtrace.engine.build import build_learner
+
+N_IN = 2
+
+
+def config(**engine):
+    return load_config(None, {"model": {"stack": "gru", "n_in": N_IN, "n_hidden": 5, "n_out": N_IN},
+                              "learning": {"mode": "forecast", "lr": 1e-2},
+                              "engine": {"slots": 4, "micro_batch": 4, **engine},
+                              "publish": {"weights_every": 0, "predictions": False}})
+
+
+def data(stream, seq, x):
+    return wire.encode({"type": "data", "stream": stream, "seq": seq, "x": wire.pack_array(x)})
+
+
+def test_few_busy_streams_step_their_slots_only_and_every_answer_equals_a_learner_of_its_own():
+    cfg = config()
+    core = EngineCore(cfg)
+    core.warmup()
+    assert core.subsets == [1, 2] and core.ready_subsets == [1, 2]
+    calls = []
+    L = core.learner
+    subset, full = L.step_subset_unchecked, L.step_unchecked
+    L.step_subset_unchecked = lambda idx, count, *a: calls.append(("subset", len(idx), count)) or subset(idx, count, *a)
+    L.step_unchecked = lambda *a, **kw: calls.append(("all", a[0].shape)) or full(*a, **kw)
+
+    rng = np.random.default_rng(5)
+    names = ["a", "b", "c", "d"]
+    sent = {n: [] for n in names}
+    got = {n: [] for n in names}
+
+    def send(name, count):
+        for _ in range(count):
+            x = (np.sin(0.4 * len(sent[name]) + names.index(name)) + 0.1 * rng.normal(size=N_IN)).astype(np.float32)
+            assert core.ingest(data(name, len(sent[name]), x), name.encode()) == []
+            sent[name].append(x)
+
+    def drain():
+        while core.has_pending():
+            for kind, origin, raw in core.tick():
+                msg = wire.decode(raw)
+                assert msg["type"] == "prediction", msg
+                assert origin.decode() == msg["stream"] and msg["seq"] == len(got[msg["stream"]])
+                got[msg["stream"]].append(wire.unpack_array(msg["pred"]))
+
+    plan = [({"a": 1}, ("subset", 1, 1)), ({"a": 1}, ("subset", 1, 1)), ({"a": 3, "b": 2}, ("subset", 2, 3)),
+            ({"b": 1}, ("subset", 1, 1)), ({"a": 1, "b": 1, "c": 1}, "all"), ({"d": 6}, ("subset", 1, 4)),
+            ({"a": 2, "b": 1, "c": 2, "d": 1}, "all"), ({"c": 2, "a": 1}, ("subset", 2, 2))]
+    for burst, want in plan:
+        calls.clear()
+        for name, count in burst.items():
+            send(name, count)
+        drain()
+        first = calls[0][0] if want == "all" else calls[0]
+        assert first == want, (burst, calls)
+    # each stream's answers: a fresh single-stream learner (the engine's model config) fed its inputs
+    for name in names:
+        ref = build_learner(cfg)
+        want = [ref.step(x).prediction for x in sent[name]]
+        assert len(got[name]) == len(sent[name]) > 0
+        np.testing.assert_allclose(np.array(got[name]), np.array(want), rtol=2e-5, atol=1e-6, err_msg=name)
+    stats = wire.decode(core.stats_message())
+    assert stats["subset_sizes"] == [1, 2] and stats["answered"] == sum(len(v) for v in sent.values())
+
+
+def test_one_slot_engine_has_no_subset_calls_and_first_answers_need_only_the_full_program():
+    core = EngineCore(config(slots=1))
+    assert core.subsets == []
+    core.warmup_first()
+    assert core.ready_subsets == [] and core.ready == [1]
+    core.ingest(data("a", 0, np.ones(N_IN, np.float32)), b"o")
+    assert [k for k, *_ in core.tick()] == ["reply"]
+    assert not [k for k in core.learner._compiled if isinstance(k, tuple)]
