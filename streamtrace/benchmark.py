@@ -22,6 +22,7 @@ from .engine.config import EngineConfig
 __all__ = ["bench_config", "dispatch_floor", "trace_bytes_per_slot", "format_table"]
 
 ALGORITHMS = ("d-rtrl", "es-d-rtrl")
+E2E_WARM_S = 6.0
 
 
 def _percentiles(seconds) -> dict:
@@ -80,8 +81,15 @@ def _one(cfg: EngineConfig, slots: int, iters: int, warmup: int, max_seconds: fl
     y = (0.1 * rng.standard_normal((learner.n,) + learner.out_shape)).astype(learner.y_dtype)
     on = np.ones(learner.n, bool)
     times = _timed(lambda: learner.step_unchecked(x, y, on, on), iters, warmup, max_seconds)
-    return {"algorithm": cfg.learning.algorithm, "slots": slots, "build_s": t1 - t0, "compile_s": t2 - t1,
-            "step_us": _percentiles(times), "trace_bytes_per_slot": trace_bytes_per_slot(learner)}
+    row = {"algorithm": cfg.learning.algorithm, "slots": slots, "build_s": t1 - t0, "compile_s": t2 - t1,
+           "step_us": _percentiles(times), "trace_bytes_per_slot": trace_bytes_per_slot(learner)}
+    if slots > 1:   # one busy stream of many: the engine steps its slot only (a subset call)
+        k = cfg.engine.micro_batch
+        xs, ys = np.repeat(x[None, :1], k, 0), np.repeat(y[None, :1], k, 0)
+        one, idx = np.ones((k, 1), bool), np.zeros(1, np.int32)
+        row["one_busy_us"] = _percentiles(_timed(lambda: learner.step_subset_unchecked(idx, 1, xs, ys, one, one),
+                                                 iters, warmup, max_seconds))
+    return row
 
 
 def bench_config(cfg: EngineConfig, *, algorithms=ALGORITHMS, iters: int = 1000, warmup: int = 100,
@@ -129,7 +137,10 @@ def e2e_roundtrip(cfg: EngineConfig, config_path: str | None, steps: int) -> dic
         else:
             proc = start_engine(write_config(work / "engine.toml", sections))
         try:
-            lat = _roundtrips(ep, steps, None, warmup=min(500, steps), x=x, y=y)
+            # warm-up for seconds too: the engine compiles its other programs (busy-slot
+            # subsets, micro-batch sizes) 2 s into constant traffic, stalling a few round trips
+            lat = _roundtrips(ep, steps, None, warmup=min(500, steps), x=x, y=y,
+                              warm_s=0.0 if server == "echo" else E2E_WARM_S)
         finally:
             stop(proc)
         out[server] = {"p50": float(np.median(lat)), "p99": float(np.percentile(lat, 99))}
@@ -147,15 +158,16 @@ def format_table(r: dict) -> str:
     lines = [f"model {r['model']} {r['n_in']}->{r['n_hidden']}->{r['n_out']} (float{r['precision']}, {r['mode']}, "
              f"{'shared' if r['shared_weights'] else 'per-stream'} weights); jax dispatch floor "
              f"p50 {f['p50']:.1f} us, p99 {f['p99']:.1f} us", "",
-             "| algorithm | slots | compile s | step p50 us | step p99 us | x floor | traces per slot |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+             "| algorithm | slots | compile s | step p50 us | step p99 us | x floor | 1 busy slot p50 us | traces per slot |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for row in r["runs"]:
         if "error" in row:
-            lines.append(f"| {row['algorithm']} | {row['slots']} | - | - | - | - | {row['error']} |")
+            lines.append(f"| {row['algorithm']} | {row['slots']} | - | - | - | - | - | {row['error']} |")
             continue
         s = row["step_us"]
+        one = f"{row['one_busy_us']['p50']:.1f}" if "one_busy_us" in row else "-"
         lines.append(f"| {row['algorithm']} | {row['slots']} | {row['compile_s']:.2f} | {s['p50']:.1f} | "
-                     f"{s['p99']:.1f} | {s['p50'] / f['p50']:.1f} | {_kib(row['trace_bytes_per_slot'])} |")
+                     f"{s['p99']:.1f} | {s['p50'] / f['p50']:.1f} | {one} | {_kib(row['trace_bytes_per_slot'])} |")
     e = r.get("e2e")
     if e:
         lines += ["", f"end to end ({e['transport']}, one sensor, {e['steps']} round trips): engine p50 "

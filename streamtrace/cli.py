@@ -181,7 +181,7 @@ def _plot(path, signal, pred, losses, window):
 
 
 # ---- bench ------------------------------------------------------------------------------
-def _roundtrips(endpoint: str, n: int, cpu: int | None, warmup: int = 500, x=None, y=None):
+def _roundtrips(endpoint: str, n: int, cpu: int | None, warmup: int = 500, x=None, y=None, warm_s: float = 0.0):
     import numpy as np
 
     from .adapters import SensorClient
@@ -190,6 +190,9 @@ def _roundtrips(endpoint: str, n: int, cpu: int | None, warmup: int = 500, x=Non
     x = np.zeros(1, np.float32) if x is None else x
     out = np.empty(n)
     with SensorClient(endpoint, stream="bench", timeout_s=30) as c:
+        warm_until = time.monotonic() + warm_s
+        while warmup and time.monotonic() < warm_until:
+            c.step(x, y)
         for i in range(warmup + n):
             t0 = time.perf_counter()
             c.step(x, y)

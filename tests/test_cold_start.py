@@ -221,6 +221,8 @@ def test_bench_config_json_has_every_field_and_counts_trace_bytes(tmp_path, caps
     for (algorithm, slots), r in runs.items():
         assert r["compile_s"] > 0 and r["build_s"] > 0
         assert r["step_us"]["n"] == 5 and 0 < r["step_us"]["p50"] <= r["step_us"]["p99"]
+        # with several slots: also one busy stream's call (its slot only)
+        assert ("one_busy_us" in r) == (slots > 1) and (slots == 1 or r["one_busy_us"]["n"] == 5)
         cfg.learning.algorithm = algorithm
         state = build_learner(cfg, slots=slots, shared_weights=False).state_dict()
         # an independent count: slot 0's share of every trace array the learner saves
