@@ -13,7 +13,7 @@ N_IN = 2
 def config(**engine):
     return load_config(None, {"model": {"stack": "gru", "n_in": N_IN, "n_hidden": 5, "n_out": N_IN},
                               "learning": {"mode": "forecast", "lr": 1e-2},
-                              "engine": {"slots": 4, "micro_batch": 4, **engine},
+                              "engine": {"slots": 8, "micro_batch": 4, **engine},
                               "publish": {"weights_every": 0, "predictions": False}})
 
 

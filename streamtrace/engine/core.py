@@ -71,10 +71,12 @@ class EngineCore:
                               | {ec.micro_batch})
         self.ready = list(self.buckets)  # sizes tick may use, ascending (compiled on first use,
                                          # or after warmup_first only once warmup_later did)
-        # a call with few busy streams steps only their slots: programs for m < slots busy
-        # slots (powers of two), each taking up to micro_batch steps per slot
+        # a call with few busy streams steps only their slots: programs for m <= slots / 4
+        # busy slots (powers of two), each taking up to micro_batch steps per slot. Gathering
+        # and writing back makes a slot cost ~1.6x its share of the full step (measured, GRU-64
+        # / 256 D-RTRL), and each program holds ~12 MB of code: larger subsets gain too little
         n = self.learner.n
-        self.subsets = [1 << i for i in range(n.bit_length()) if 1 << i < n] if self.learner.slots else []
+        self.subsets = [1 << i for i in range(n.bit_length()) if 4 << i <= n] if self.learner.slots else []
         self.ready_subsets = list(self.subsets)
 
     def warmup(self):
