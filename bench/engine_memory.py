@@ -64,7 +64,7 @@ def engine_rss(hidden: int, messages: int, settle_s: float) -> tuple[float, floa
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--messages", type=int, default=10000)
-    ap.add_argument("--settle", type=float, default=8.0, help="seconds idle after the first answers")
+    ap.add_argument("--settle", type=float, default=15.0, help="seconds idle after the first answers")
     args = ap.parse_args(argv)
     print(f"imports alone (jax + the engine's modules): {imports_rss():.0f} MB")
     print("| model | RSS after warm-up MB | RSS after %d messages MB |" % args.messages)
