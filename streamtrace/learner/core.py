@@ -41,8 +41,9 @@ class OnlineLearner:
     t-1: learn from it, then predict x_{t+1}), "predict" (no learning; state still advances).
     learn_every=k sums k steps' gradients into one optimizer update. slots=N runs N streams in
     one call, each with its own hidden state and traces; shared_weights=False gives each slot
-    its own model. ``step_slots(slots, x)`` steps a few of them only, at their cost. Non-finite inputs/losses/gradients never reach the weights: the step is
-    skipped for that slot and counted (``stats()``). clip: global-norm gradient clipping.
+    its own model; ``step_slots(slots, x)`` steps a few of them only, at their cost.
+    Non-finite inputs/losses/gradients never reach the weights: the step is skipped for that
+    slot and counted (``stats()``). clip: global-norm gradient clipping.
 
     Composable parts (each a module of its own):
     mode=Forecast(channels, horizon): forecast some input channels (the rest are exogenous
