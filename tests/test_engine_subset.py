@@ -62,8 +62,10 @@ def test_few_busy_streams_step_their_slots_only_and_every_answer_equals_a_learne
         first = calls[0][0] if want == "all" else calls[0]
         assert first == want, (burst, calls)
     # each stream's answers: a fresh single-stream learner (the engine's model config) fed its inputs
+    ref = build_learner(cfg)
+    fresh = ref.state_dict()
     for name in names:
-        ref = build_learner(cfg)
+        ref.load_state_dict(fresh)
         want = [ref.step(x).prediction for x in sent[name]]
         assert len(got[name]) == len(sent[name]) > 0
         np.testing.assert_allclose(np.array(got[name]), np.array(want), rtol=2e-5, atol=1e-6, err_msg=name)
@@ -79,3 +81,51 @@ def test_one_slot_engine_has_no_subset_calls_and_first_answers_need_only_the_ful
     core.ingest(data("a", 0, np.ones(N_IN, np.float32)), b"o")
     assert [k for k, *_ in core.tick()] == ["reply"]
     assert not [k for k in core.learner._compiled if isinstance(k, tuple)]
+
+
+def test_parked_streams_resume_into_other_slots_between_subset_calls():
+    """Idle streams are evicted and parked, their slots taken by others, and they come back
+    into different slots; with subset calls in between, each stream still answers exactly as a
+    learner of its own fed only its inputs (state moved with read_slot / write_slot)."""
+    now = [0.0]
+    cfg = config(idle_timeout_s=5.0, park_s=100.0)
+    core = EngineCore(cfg, clock=lambda: now[0])
+    core.warmup()
+    rng = np.random.default_rng(9)
+    sent, got, seq = {}, {}, {}
+
+    def step(name):
+        x = rng.normal(size=N_IN).astype(np.float32)
+        assert core.ingest(data(name, seq.get(name, 0), x), b"o") == []
+        seq[name] = seq.get(name, 0) + 1
+        sent.setdefault(name, []).append(x)
+        for _, _, raw in core.tick():
+            msg = wire.decode(raw)
+            got.setdefault(msg["stream"], []).append(wire.unpack_array(msg["pred"]))
+
+    for t in range(4):
+        for name in "abcdefgh":              # all 8 slots taken
+            step(name)
+    slots_before = {n: st.slot for n, st in core.streams.items()}
+    now[0] = 10.0
+    core.evict_idle()                        # everyone idle: all parked
+    assert not core.streams and core.metrics.counters["parked"] == 8
+    for t in range(3):                       # newcomers take the slots, one busy at a time
+        for name in "stuvwxyz":
+            now[0] += 0.01
+            step(name)
+    now[0] = 20.0
+    core.evict_idle()
+    for name in "hgfedcba":                  # the first eight return, into other slots
+        now[0] += 0.01
+        step(name)
+        step(name)
+    moved = [n for n in "abcdefgh" if core.streams[n].slot != slots_before[n]]
+    assert moved, "no stream came back into another slot: the test would not show the move"
+    assert core.metrics.counters["unparked"] == 8
+    ref = build_learner(cfg)
+    fresh = ref.state_dict()
+    for name in sent:
+        ref.load_state_dict(fresh)
+        want = [ref.step(x).prediction for x in sent[name]]
+        np.testing.assert_allclose(np.array(got[name]), np.array(want), rtol=2e-5, atol=1e-6, err_msg=name)
