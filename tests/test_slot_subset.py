@@ -36,8 +36,8 @@ def test_subset_step_equals_full_step_with_a_mask(x64, case):
     supervised = CASES[case]["mode"] == "supervised"
     rng = np.random.default_rng(7)
     untouched_checked = 0
-    for t in range(40):
-        m = int(rng.integers(1, N))             # 1..N-1 slots: the subset path
+    for t in range(30):
+        m = (1, 3)[t % 2]                       # two subset sizes (each one compiled program)
         idx = np.sort(rng.choice(N, m, replace=False)) if t % 3 else rng.choice(N, m, replace=False)
         x = rng.normal(size=(N, 2)) + np.sin(0.3 * t)
         y = rng.normal(size=(N, 2)) if supervised else None
@@ -65,7 +65,7 @@ def test_subset_step_equals_full_step_with_a_mask(x64, case):
             if np.ndim(v) and np.shape(v)[0] == N and not k.startswith("stats.counters"):
                 np.testing.assert_array_equal(v[rest], before[k][rest], err_msg=f"{case}: {k} touched")
                 untouched_checked += 1
-    assert untouched_checked > 40
+    assert untouched_checked > 30
     # the twins really learned (the comparison is not between two idle learners)
     assert full.stats()["updates"] > 5
 
