@@ -25,15 +25,29 @@ def decay_diag(D, e):
     return jnp.stack([sum_s([D[..., s, t] * e[..., t] for t in range(S)]) for s in range(S)], axis=-1)
 
 
+# slot counts up to this are summed as an unrolled chain of adds (see ``contract``)
+UNROLL_SLOTS = 128
+
+
 def contract(g, e):
-    """Sum over batch axes and s of g (..., O, S) * e (..., [I,] O, S) -> ([I,] O)."""
-    batch_axes = tuple(range(g.ndim - 2))
+    """Sum over batch axes and s of g (..., O, S) * e (..., [I,] O, S) -> ([I,] O).
+
+    One batch axis of up to ``UNROLL_SLOTS`` (the learner's slots) is summed as a chain of
+    adds over its entries: XLA fuses that, products included, into one pass over the traces,
+    while a reduction over the slot axis first writes every slot's product and then sums it
+    in windows (64 slots of GRU-64: 50 against 131 us; of GRU-256: 0.87 against 2 ms)."""
+    n_batch = g.ndim - 2
     if e.ndim > g.ndim:
         g = g[..., None, :, :]
-    if e.shape[-1] == 1:  # one state: a plain product-sum, which XLA lowers as a dot
-        return jnp.sum(jnp.sum(g * e, axis=-1), axis=batch_axes)
-    per = sum_s([g[..., s] * e[..., s] for s in range(e.shape[-1])])
-    return jnp.sum(per, axis=batch_axes) if batch_axes else per
+    S = e.shape[-1]
+
+    def prod(gb, eb):   # the S axis as explicit adds: see kernel.sum_s
+        return gb[..., 0] * eb[..., 0] if S == 1 else sum_s([gb[..., s] * eb[..., s] for s in range(S)])
+    if n_batch == 0:
+        return prod(g, e)
+    if n_batch == 1 and e.shape[0] <= UNROLL_SLOTS:
+        return sum_s([prod(g[b], e[b]) for b in range(e.shape[0])])
+    return jnp.sum(prod(g, e), axis=tuple(range(n_batch)))
 
 
 class D_RTRL(ETraceVjpAlgorithm):

@@ -56,11 +56,26 @@ def _slot_where(ok, new, old):
     return jax.tree_util.tree_map(lambda a, b: jnp.where(_lead(ok, a), a, b), new, old)
 
 
+def _ones_dot(x):
+    """Sum of x's trailing axes as a product with ones (x: (N, ...) -> (N,)). XLA's CPU backend
+    rewrites a float sum into a windowed reduction that took as long as the whole trace update
+    (64 slots of GRU-64 D-RTRL: 125 us more; one slot of GRU-256: 35 us); a matrix-vector
+    product with ones is one pass at memory speed, with the same NaN / inf propagation.
+    One slot: XLA turns a (1, K) product back into a reduction, so the rows of the slot are
+    summed by the product and only their few row sums by a reduction."""
+    n = x.shape[0]
+    if n > 1 or x.ndim < 3:
+        flat = x.reshape(n, -1)
+        return flat @ jnp.ones(flat.shape[1], flat.dtype)
+    rows = x.reshape(-1, x.shape[-1] if x.shape[-1] > 1 else x.shape[-2] * x.shape[-1])
+    return jnp.sum(rows @ jnp.ones(rows.shape[1], rows.dtype)).reshape(1)
+
+
 def _slot_sum(tree):
     """(N,) sum of every value of each slot: finite iff all of them are (or it overflowed,
-    which we also refuse)."""
-    leaves = jax.tree_util.tree_leaves(tree)
-    return sum(jnp.sum(x.reshape(x.shape[0], -1), axis=1) for x in leaves) if leaves else 0.0
+    which we also refuse). Integer leaves are always finite and are left out."""
+    leaves = [x for x in jax.tree_util.tree_leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
+    return sum(_ones_dot(x) for x in leaves) if leaves else 0.0
 
 
 class StepFunctions:
@@ -211,7 +226,7 @@ class StepFunctions:
         # gradient expression again, so per-slot products (slots x I x O) are materialised
         # for the check and for the sum over slots instead of fused into the latter
         grads = jax.lax.optimization_barrier(grads)
-        finite = jnp.isfinite(sum(jnp.sum(g) for g in jax.tree_util.tree_leaves(grads)))
+        finite = jnp.isfinite(sum(jnp.sum(_ones_dot(g[None])) for g in jax.tree_util.tree_leaves(grads)))
         use = any_ok & finite
         counters = self._count(counters, rejected=any_ok & ~finite)
         params, opt = state["params"], state["opt"]

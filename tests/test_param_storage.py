@@ -1,0 +1,76 @@
+"""Weights stored as arrays of their own (models with a big weight, see ParamStore) learn
+exactly what the hand-written limit program computes, and keep the packed block's names, so
+a state dict moves between the two storages."""
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+import streamtrace as st
+from streamtrace.learner import groups
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import limits  # noqa: E402
+
+N_IN, H, N_OUT, LR, STEPS = 3, 5, 2, 1e-2, 4
+
+
+def _learner(algorithm="d-rtrl", slots=None, learn_every=1):
+    return st.OnlineLearner(st.nn.Stack("gru", N_IN, H, N_OUT, seed=1), np.zeros(N_IN), algorithm=algorithm,
+                            optimizer=optax.adam(LR), slots=slots, learn_every=learn_every)
+
+
+@pytest.fixture
+def separate(monkeypatch):
+    monkeypatch.setattr(groups, "SEPARATE_FROM", 1)
+
+
+@pytest.mark.parametrize("algorithm,slots", [("d-rtrl", None), ("d-rtrl", 3), ("es-d-rtrl", 3)])
+def test_separate_weights_match_limit_program(x64, separate, algorithm, slots):
+    learner = _learner(algorithm, slots)
+    assert learner.fns.store.separate
+    n = slots or 1
+    p0 = learner.params
+    fn = jax.jit(limits.make_limit_fn(N_IN, algorithm, lr=LR))
+    state = limits.init_limit_state(p0, n, algorithm, lr=LR)
+    rng = np.random.default_rng(0)
+    for _ in range(STEPS):
+        x, y = rng.normal(size=(n, N_IN)), rng.normal(size=(n, N_OUT))
+        res = learner.step(x if slots else x[0], y if slots else y[0])
+        state, out = fn(state, x, y)
+        np.testing.assert_allclose(res.prediction.reshape(n, N_OUT), out, rtol=1e-10, atol=1e-12)
+    got = limits.from_limit_weights(state[0])
+    for k in limits.GRU_PARAMS:
+        np.testing.assert_allclose(np.asarray(got[k]), learner.params[k], rtol=1e-9, atol=1e-12, err_msg=k)
+        assert np.max(np.abs(learner.params[k] - p0[k])) > 1e-4 or k == "cell.r.b"
+
+
+def test_big_weight_selects_separate_storage():
+    assert not _learner().fns.store.separate            # 8 x 5 weights: one block
+    big = st.OnlineLearner(st.nn.Stack("gru", N_IN, 190, N_OUT), np.zeros(N_IN), optimizer=optax.adam(LR))
+    assert big.fns.store.separate                       # 193 x 190 >= SEPARATE_FROM
+
+
+@pytest.mark.parametrize("learn_every", [1, 2])
+def test_state_dict_moves_between_storages(monkeypatch, learn_every):
+    rng = np.random.default_rng(2)
+    xs, ys = rng.normal(size=(7, N_IN)).astype(np.float32), rng.normal(size=(7, N_OUT)).astype(np.float32)
+    packed = _learner(learn_every=learn_every)
+    for t in range(5):
+        packed.step(xs[t], ys[t])
+    monkeypatch.setattr(groups, "SEPARATE_FROM", 1)
+    sep = _learner(learn_every=learn_every)
+    assert sep.fns.store.separate and not packed.fns.store.separate
+    sep.load_state_dict(packed.state_dict())
+    assert sorted(sep.state_dict()) == sorted(packed.state_dict())
+    for k, v in packed.state_dict().items():
+        np.testing.assert_array_equal(sep.state_dict()[k], v, err_msg=k)
+    # and both go on learning the same way (float32, same arithmetic per weight)
+    for t in range(5, 7):
+        a, b = packed.step(xs[t], ys[t]), sep.step(xs[t], ys[t])
+        np.testing.assert_allclose(a.prediction, b.prediction, rtol=1e-6, atol=1e-7)
+    for k in packed.params:
+        np.testing.assert_allclose(sep.params[k], packed.params[k], rtol=1e-6, atol=1e-7, err_msg=k)
