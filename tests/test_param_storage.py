@@ -74,3 +74,31 @@ def test_state_dict_moves_between_storages(monkeypatch, learn_every):
         np.testing.assert_allclose(a.prediction, b.prediction, rtol=1e-6, atol=1e-7)
     for k in packed.params:
         np.testing.assert_allclose(sep.params[k], packed.params[k], rtol=1e-6, atol=1e-7, err_msg=k)
+
+
+@pytest.mark.parametrize("old_header", [False, True], ids=["new-header", "header-without-state_dict"])
+def test_checkpoint_moves_between_storages(monkeypatch, tmp_path, old_header):
+    """A checkpoint is checked by the arrays it holds, not by how the writer stored its
+    weights: one written by a packed learner (e.g. a GRU-256 saved before big weights got
+    arrays of their own, whose header has no "state_dict") restores into a separate one."""
+    from streamtrace.learner.checkpoint import CheckpointError, write_checkpoint
+    rng = np.random.default_rng(4)
+    packed = _learner()
+    for _ in range(3):
+        packed.step(rng.normal(size=N_IN).astype(np.float32), rng.normal(size=N_OUT).astype(np.float32))
+    sig = packed.signature()
+    if old_header:
+        sig = {k: v for k, v in sig.items() if k != "state_dict"}
+    path = write_checkpoint(tmp_path / "packed.npz", packed.state_dict(), sig)
+    monkeypatch.setattr(groups, "SEPARATE_FROM", 1)
+    sep = _learner()
+    assert sep.signature()["state"] != packed.signature()["state"]          # the storages differ
+    assert sep.signature()["state_dict"] == packed.signature()["state_dict"]
+    sep.restore(path)
+    for k, v in packed.state_dict().items():
+        np.testing.assert_array_equal(sep.state_dict()[k], v, err_msg=k)
+    # another model is still refused, by its arrays
+    other = st.OnlineLearner(st.nn.Stack("gru", N_IN, H + 1, N_OUT, seed=1), np.zeros(N_IN),
+                             optimizer=optax.adam(LR))
+    with pytest.raises(CheckpointError, match="hidden.cell.h"):
+        other.restore(path)

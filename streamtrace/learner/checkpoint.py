@@ -107,17 +107,24 @@ def read_checkpoint(path, expect_signature: dict | None = None) -> tuple[dict, d
     if not isinstance(header.get("signature", {}), dict):
         raise CheckpointError(f"{path}: not a streamtrace checkpoint (malformed signature)")
     if expect_signature is not None:
-        check_signature(path, expect_signature, header)
+        check_signature(path, expect_signature, header, arrays)
     return arrays, header
 
 
-def check_signature(path, want: dict, header: dict):
+def check_signature(path, want: dict, header: dict, arrays: dict | None = None):
     """Refuses (CheckpointError) a checkpoint of another model or learner. Optimizer settings
     that differ (learning rate, clipping, betas) are accepted with a logged warning: the saved
     optimizer state fits whenever the state signature matches, and changing the learning rate
     across a restart is a legitimate choice; a change that alters the optimizer *state*
     (Adam -> SGD, clipping on/off) is refused through the state signature."""
     got = header.get("signature", {})
+    if "state_dict" in want and arrays is not None:
+        # the arrays in the file against the ones the learner loads: how either side stores
+        # its state (e.g. a checkpoint written before big weights got arrays of their own) is
+        # then no reason to refuse it
+        want = {k: v for k, v in want.items() if k != "state"}
+        got = {**{k: v for k, v in got.items() if k not in ("state", "state_dict")},
+               "state_dict": [[n, list(a.shape), a.dtype.str] for n, a in arrays.items()]}
     diffs = signature_diff(want, got)
     opt = optimizer_diff(want, got)
     if diffs:
@@ -154,14 +161,15 @@ def optimizer_diff(want: dict, got: dict) -> list[str]:
 def signature_diff(want: dict, got: dict, limit: int = 6) -> list[str]:
     diffs = []
     for k in sorted(set(want) | set(got)):
-        if k == "state" or k in _DESCRIBED:
+        if k in ("state", "state_dict") or k in _DESCRIBED:
             continue
         if want.get(k) != got.get(k):
             diffs.append(f"{k}: expected {want.get(k)!r}, checkpoint has {got.get(k)!r}")
     if "model" in want and "model" in got:     # older checkpoints do not record it
         diffs += description_diff(want["model"], got["model"], "model")
-    ws = {n: (s, d) for n, s, d in want.get("state", [])}
-    gs = {n: (s, d) for n, s, d in got.get("state", [])}
+    key = "state_dict" if "state_dict" in want else "state"
+    ws = {n: (list(s), d) for n, s, d in want.get(key, [])}
+    gs = {n: (list(s), d) for n, s, d in got.get(key, [])}
     for n in sorted(set(ws) - set(gs)):
         diffs.append(f"state '{n}' missing from the checkpoint")
     for n in sorted(set(gs) - set(ws)):
@@ -216,6 +224,6 @@ class CheckpointDir:
                 errors.append(str(e))
                 continue
             if expect_signature is not None:
-                check_signature(path, expect_signature, header)
+                check_signature(path, expect_signature, header, arrays)
             return path, arrays, header, errors
         return None, None, None, errors

@@ -117,6 +117,7 @@ class OnlineLearner:
         self._init_buffers = self.layout.pack(state0)
         self.buffers = tuple(jnp.array(b, copy=True) for b in self._init_buffers)  # donated, not these
         self._compiled = {}
+        self._state_dict_signature = None
         self._ones = np.ones(self.n, bool)
 
     def _channels(self, spec):
@@ -516,7 +517,16 @@ class OnlineLearner:
 
     # ---- checkpoints ------------------------------------------------------------------
     def signature(self) -> dict:
-        return {**self._signature_extra, "state": self.layout.signature()}
+        """What a checkpoint must match: the settings, the packed layout ("state"), and the
+        saved arrays themselves ("state_dict": name, shape, dtype of every ``state_dict()``
+        entry). The arrays do not depend on how the state is stored (one packed weight block
+        or an array per weight), so a checkpoint is checked by them when both sides have them."""
+        if self._state_dict_signature is None:
+            zeros = {n: np.zeros(shape, dt) for n, shape, dt in self.layout.entries()}
+            self._state_dict_signature = [[n, list(np.shape(v)), np.asarray(v).dtype.str]
+                                          for n, v in self._expand(zeros).items()]
+        return {**self._signature_extra, "state": self.layout.signature(),
+                "state_dict": self._state_dict_signature}
 
     def save(self, path, extra: dict | None = None):
         """Write the whole state atomically to ``path`` (temp file + fsync + rename)."""
