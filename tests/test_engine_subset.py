@@ -13,7 +13,7 @@ N_IN = 2
 def config(**engine):
     return load_config(None, {"model": {"stack": "gru", "n_in": N_IN, "n_hidden": 5, "n_out": N_IN},
                               "learning": {"mode": "forecast", "lr": 1e-2},
-                              "engine": {"slots": 8, "micro_batch": 4, **engine},
+                              "engine": {"slots": 16, "micro_batch": 4, **engine},
                               "publish": {"weights_every": 0, "predictions": False}})
 
 
@@ -25,7 +25,7 @@ def test_few_busy_streams_step_their_slots_only_and_every_answer_equals_a_learne
     cfg = config()
     core = EngineCore(cfg)
     core.warmup()
-    assert core.subsets == [1, 2] and core.ready_subsets == [1, 2]
+    assert core.subsets == [2, 4] and core.ready_subsets == [2, 4]
     calls = []
     L = core.learner
     subset, full = L.step_subset_unchecked, L.step_unchecked
@@ -33,7 +33,7 @@ def test_few_busy_streams_step_their_slots_only_and_every_answer_equals_a_learne
     L.step_unchecked = lambda *a, **kw: calls.append(("all", a[0].shape)) or full(*a, **kw)
 
     rng = np.random.default_rng(5)
-    names = ["a", "b", "c", "d"]
+    names = ["a", "b", "c", "d", "e"]
     sent = {n: [] for n in names}
     got = {n: [] for n in names}
 
@@ -51,9 +51,10 @@ def test_few_busy_streams_step_their_slots_only_and_every_answer_equals_a_learne
                 assert origin.decode() == msg["stream"] and msg["seq"] == len(got[msg["stream"]])
                 got[msg["stream"]].append(wire.unpack_array(msg["pred"]))
 
-    plan = [({"a": 1}, ("subset", 1, 1)), ({"a": 1}, ("subset", 1, 1)), ({"a": 3, "b": 2}, ("subset", 2, 3)),
-            ({"b": 1}, ("subset", 1, 1)), ({"a": 1, "b": 1, "c": 1}, "all"), ({"d": 6}, ("subset", 1, 4)),
-            ({"a": 2, "b": 1, "c": 2, "d": 1}, "all"), ({"c": 2, "a": 1}, ("subset", 2, 2))]
+    plan = [({"a": 1}, ("subset", 2, 1)), ({"a": 1}, ("subset", 2, 1)), ({"a": 3, "b": 2}, ("subset", 2, 3)),
+            ({"b": 1}, ("subset", 2, 1)), ({"a": 1, "b": 1, "c": 1}, ("subset", 4, 1)), ({"d": 6}, ("subset", 2, 4)),
+            ({"a": 2, "b": 1, "c": 2, "d": 1, "e": 1}, "all"), ({"c": 2, "a": 1}, ("subset", 2, 2)),
+            ({"e": 2, "b": 1, "d": 1, "a": 1}, ("subset", 4, 2))]
     for burst, want in plan:
         calls.clear()
         for name, count in burst.items():
@@ -70,7 +71,45 @@ def test_few_busy_streams_step_their_slots_only_and_every_answer_equals_a_learne
         assert len(got[name]) == len(sent[name]) > 0
         np.testing.assert_allclose(np.array(got[name]), np.array(want), rtol=2e-5, atol=1e-6, err_msg=name)
     stats = wire.decode(core.stats_message())
-    assert stats["subset_sizes"] == [1, 2] and stats["answered"] == sum(len(v) for v in sent.values())
+    assert stats["subset_sizes"] == [2, 4] and stats["answered"] == sum(len(v) for v in sent.values())
+
+
+def test_a_stream_gets_the_same_bits_however_its_steps_were_batched():
+    """One stream alone, one message per call, against the same stream's messages sent in
+    bursts beside other streams (subset calls of 2 and 4 slots, several steps each, and calls
+    over all slots): its answers must be bit-identical (a one-slot program would round
+    differently, which is why no subset has one slot)."""
+    rng = np.random.default_rng(1)
+    xs = (np.sin(0.3 * np.arange(24))[:, None] + 0.1 * rng.normal(size=(24, N_IN))).astype(np.float32)
+    lone, busy = EngineCore(config()), EngineCore(config())
+    lone.warmup()
+    busy.warmup()
+
+    def answers(core, outs, name):
+        return [wire.unpack_array(m["pred"]) for m in map(wire.decode, (raw for _, _, raw in outs))
+                if m["stream"] == name]
+    want = []
+    for t, x in enumerate(xs):
+        lone.ingest(data("x", t, x), b"o")
+        want += answers(lone, lone.tick(), "x")
+    got, t, sizes = [], 0, [1, 3, 2, 4, 1, 5, 3, 1, 4]
+    others = [f"o{i}" for i in range(6)]
+    for burst, n_others in zip(sizes, [0, 1, 3, 5, 2, 0, 4, 6, 1]):
+        for _ in range(burst):
+            if t < len(xs):
+                busy.ingest(data("x", t, xs[t]), b"o")
+                t += 1
+        for o in others[:n_others]:
+            busy.ingest(data(o, busy.streams[o].next_seq if o in busy.streams else 0,
+                             rng.normal(size=N_IN).astype(np.float32)), b"o")
+        while busy.has_pending():
+            got += answers(busy, busy.tick(), "x")
+    while t < len(xs):
+        busy.ingest(data("x", t, xs[t]), b"o")
+        t += 1
+        got += answers(busy, busy.tick(), "x")
+    assert len(got) == len(want) == len(xs)
+    np.testing.assert_array_equal(np.array(got), np.array(want))
 
 
 def test_one_slot_engine_has_no_subset_calls_and_first_answers_need_only_the_full_program():

@@ -71,12 +71,15 @@ class EngineCore:
                               | {ec.micro_batch})
         self.ready = list(self.buckets)  # sizes tick may use, ascending (compiled on first use,
                                          # or after warmup_first only once warmup_later did)
-        # a call with few busy streams steps only their slots: programs for m <= slots / 4
+        # a call with few busy streams steps only their slots: programs for 2 <= m <= slots / 4
         # busy slots (powers of two), each taking up to micro_batch steps per slot. Gathering
         # and writing back makes a slot cost ~1.6x its share of the full step (measured, GRU-64
-        # / 256 D-RTRL), and each program holds ~12 MB of code: larger subsets gain too little
+        # / 256 D-RTRL), and each program holds ~12 MB of code: larger subsets gain too little.
+        # No m = 1: XLA drops a size-1 slot axis and its kernels round differently, while every
+        # answer should be the same bits however the calls were batched (a lone stream goes
+        # with an idle slot beside it)
         n = self.learner.n
-        self.subsets = [1 << i for i in range(n.bit_length()) if 4 << i <= n] if self.learner.slots else []
+        self.subsets = [1 << i for i in range(1, n.bit_length()) if 4 << i <= n] if self.learner.slots else []
         self.ready_subsets = list(self.subsets)
 
     def warmup(self):
@@ -270,6 +273,7 @@ class EngineCore:
             pos = [st.slot for st in busy]
         else:
             xs, ys, active, learn = self._inputs(("subset", m))
+            busy.sort(key=lambda st: st.slot)   # slot order: shared weights sum as the full call does
             pos = list(range(len(busy)))
             idx = self._subset_index(m, busy)
         taken = []
