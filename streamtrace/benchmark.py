@@ -71,6 +71,7 @@ def _variant(cfg: EngineConfig, algorithm: str) -> EngineConfig:
 
 def _one(cfg: EngineConfig, slots: int, iters: int, warmup: int, max_seconds: float) -> dict:
     from .engine.build import build_learner
+    from .engine.core import subset_sizes
     t0 = time.perf_counter()
     learner = build_learner(cfg, slots=slots, shared_weights=cfg.engine.shared_weights)
     t1 = time.perf_counter()
@@ -83,11 +84,13 @@ def _one(cfg: EngineConfig, slots: int, iters: int, warmup: int, max_seconds: fl
     times = _timed(lambda: learner.step_unchecked(x, y, on, on), iters, warmup, max_seconds)
     row = {"algorithm": cfg.learning.algorithm, "slots": slots, "build_s": t1 - t0, "compile_s": t2 - t1,
            "step_us": _percentiles(times), "trace_bytes_per_slot": trace_bytes_per_slot(learner)}
-    if slots > 1:   # one busy stream of many: the engine steps its slot only (a subset call)
-        k = cfg.engine.micro_batch
-        xs, ys = np.repeat(x[None, :1], k, 0), np.repeat(y[None, :1], k, 0)
-        one, idx = np.ones((k, 1), bool), np.zeros(1, np.int32)
-        row["one_busy_us"] = _percentiles(_timed(lambda: learner.step_subset_unchecked(idx, 1, xs, ys, one, one),
+    sizes = subset_sizes(slots)
+    if sizes:   # one busy stream of many: the engine's smallest subset call, the others idle
+        k, m = cfg.engine.micro_batch, sizes[0]
+        xs, ys = np.repeat(x[None, :m], k, 0), np.repeat(y[None, :m], k, 0)
+        act, idx = np.zeros((k, m), bool), np.arange(m, dtype=np.int32)
+        act[:, 0] = True
+        row["one_busy_us"] = _percentiles(_timed(lambda: learner.step_subset_unchecked(idx, 1, xs, ys, act, act),
                                                  iters, warmup, max_seconds))
     return row
 

@@ -23,9 +23,14 @@ from .config import EngineConfig
 from .metrics import Metrics
 from .parking import ParkingLot
 
-__all__ = ["EngineCore", "Stream"]
+__all__ = ["EngineCore", "Stream", "subset_sizes"]
 
 log = logging.getLogger("streamtrace.engine")
+
+
+def subset_sizes(slots: int) -> list[int]:
+    """Busy-slot counts with a call of their own (see EngineCore): 2 <= m <= slots / 4."""
+    return [1 << i for i in range(1, slots.bit_length()) if 4 << i <= slots]
 
 
 @dataclass
@@ -78,8 +83,7 @@ class EngineCore:
         # No m = 1: XLA drops a size-1 slot axis and its kernels round differently, while every
         # answer should be the same bits however the calls were batched (a lone stream goes
         # with an idle slot beside it)
-        n = self.learner.n
-        self.subsets = [1 << i for i in range(1, n.bit_length()) if 4 << i <= n] if self.learner.slots else []
+        self.subsets = subset_sizes(self.learner.n) if self.learner.slots else []
         self.ready_subsets = list(self.subsets)
 
     def warmup(self):
