@@ -80,9 +80,9 @@ class EngineCore:
         # busy slots (powers of two), each taking up to micro_batch steps per slot. Gathering
         # and writing back makes a slot cost ~1.6x its share of the full step (measured, GRU-64
         # / 256 D-RTRL), and each program holds ~12 MB of code: larger subsets gain too little.
-        # No m = 1: XLA drops a size-1 slot axis and its kernels round differently, while every
-        # answer should be the same bits however the calls were batched (a lone stream goes
-        # with an idle slot beside it)
+        # No m = 1: XLA drops a size-1 slot axis and its kernels round differently; from 2 on a
+        # stream's answers are the same bits however its calls were batched (jax 0.10; 0.12:
+        # within float32 rounding). A lone stream goes with an idle slot beside it.
         self.subsets = subset_sizes(self.learner.n) if self.learner.slots else []
         self.ready_subsets = list(self.subsets)
 
