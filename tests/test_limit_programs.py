@@ -19,10 +19,10 @@ N_IN, H, N_OUT, LR, STEPS = 3, 5, 2, 1e-2, 4
 CASES = [(a, s, "optax") for a in ("d-rtrl", "es-d-rtrl") for s in (None, 3)] + [("d-rtrl", 3, "fused")]
 
 
-@pytest.mark.parametrize("algorithm,slots,adam", CASES, ids=[f"{a}-{s or 1}slot-{o}" for a, s, o in CASES])
-def test_limit_matches_learner(x64, algorithm, slots, adam):
-    learner = st.OnlineLearner(st.nn.Stack("gru", N_IN, H, N_OUT, seed=1), np.zeros(N_IN),
-                               algorithm=algorithm, optimizer=optax.adam(LR), slots=slots)
+def run_against_limit(learner, algorithm, slots, adam="optax"):
+    """Steps ``learner`` (a GRU Stack(N_IN, H, N_OUT), Adam(LR)) and the limit program on the
+    same random data; every prediction and the final weights must agree (float64). Returns
+    the learner's weights before and after."""
     p0 = learner.params
     assert sorted(p0) == sorted(limits.GRU_PARAMS)
     n = slots or 1
@@ -36,11 +36,18 @@ def test_limit_matches_learner(x64, algorithm, slots, adam):
         state, out = fn(state, x, y)
         np.testing.assert_allclose(res.prediction.reshape(n, N_OUT), out, rtol=1e-10, atol=1e-12)
     p1 = learner.params
-    moved = 0.0
     got = limits.from_limit_weights(state[0])
     for k in limits.GRU_PARAMS:
         np.testing.assert_allclose(np.asarray(got[k]), p1[k], rtol=1e-9, atol=1e-12, err_msg=k)
-        moved = max(moved, float(np.max(np.abs(p1[k] - p0[k]))))
+    return p0, p1
+
+
+@pytest.mark.parametrize("algorithm,slots,adam", CASES, ids=[f"{a}-{s or 1}slot-{o}" for a, s, o in CASES])
+def test_limit_matches_learner(x64, algorithm, slots, adam):
+    learner = st.OnlineLearner(st.nn.Stack("gru", N_IN, H, N_OUT, seed=1), np.zeros(N_IN),
+                               algorithm=algorithm, optimizer=optax.adam(LR), slots=slots)
+    p0, p1 = run_against_limit(learner, algorithm, slots, adam)
+    moved = max(float(np.max(np.abs(p1[k] - p0[k]))) for k in limits.GRU_PARAMS)
     assert moved > 1e-3  # the weights really moved (Adam steps of ~lr)
 
 

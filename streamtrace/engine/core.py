@@ -69,7 +69,6 @@ class EngineCore:
         self._published_params: dict | None = None
         self.ckpt = CheckpointDir(cfg.checkpoint.dir, cfg.checkpoint.keep) if cfg.checkpoint.dir else None
         self._input_cache: dict = {}
-        self._index_cache: dict = {}
         self._pending = 0                # queued messages over all streams (has_pending, per loop turn)
         self._reply = wire.PredictionEncoder()
         self.buckets = sorted({1 << i for i in range(ec.micro_batch.bit_length()) if 1 << i <= ec.micro_batch}
@@ -273,10 +272,10 @@ class EngineCore:
             self.save_checkpoint()
         L, supervised = self.learner, self.cfg.learning.mode == "supervised"
         if m is None:
-            xs, ys, active, learn = self._inputs(count)
+            xs, ys, active, learn = self._inputs(count, L.n)
             pos = [st.slot for st in busy]
         else:
-            xs, ys, active, learn = self._inputs(("subset", m))
+            xs, ys, active, learn = self._inputs(self.cfg.engine.micro_batch, m)
             busy.sort(key=lambda st: st.slot)   # slot order: shared weights sum as the full call does
             pos = list(range(len(busy)))
             idx = self._subset_index(m, busy)
@@ -329,27 +328,22 @@ class EngineCore:
     def _subset_index(self, m, busy):
         """The slots of a subset call: the busy streams' slots in order, padded to m with
         slots that stay idle in it (the step leaves an inactive slot as it is)."""
-        idx = self._index_cache.get(m)
-        if idx is None:
-            idx = self._index_cache[m] = np.zeros(m, np.int32)
         used = [st.slot for st in busy]
         if len(used) < m:
             taken = set(used)
             used += [s for s in range(self.learner.n) if s not in taken][:m - len(used)]
-        idx[:] = used
-        return idx
+        return np.array(used, np.int32)
 
-    def _inputs(self, k):
-        """Reusable input arrays for a k-step call, or ("subset", m): micro_batch steps of m
-        slots (the learner copies them at the call); masks cleared, stale x/y of inactive
-        slots are ignored by the step."""
-        bufs = self._input_cache.get(k)
+    def _inputs(self, k, n):
+        """Reusable input arrays for a call of k steps of n slots (all slots, or a subset);
+        the learner copies them at the call. Masks cleared, stale x/y of inactive slots are
+        ignored by the step."""
+        bufs = self._input_cache.get((k, n))
         if bufs is None:
             L = self.learner
-            k_, n = (self.cfg.engine.micro_batch, k[1]) if isinstance(k, tuple) else (k, L.n)
-            bufs = self._input_cache[k] = (np.zeros((k_, n) + self.x_shape, L.x_dtype),
-                                           np.zeros((k_, n) + self.y_shape, L.y_dtype),
-                                           np.zeros((k_, n), bool), np.zeros((k_, n), bool))
+            bufs = self._input_cache[(k, n)] = (np.zeros((k, n) + self.x_shape, L.x_dtype),
+                                                np.zeros((k, n) + self.y_shape, L.y_dtype),
+                                                np.zeros((k, n), bool), np.zeros((k, n), bool))
         bufs[2].fill(False)
         bufs[3].fill(False)
         return bufs

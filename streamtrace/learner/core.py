@@ -120,6 +120,7 @@ class OnlineLearner:
         self._compiled = {}
         self._state_dict_signature = None
         self._ones = np.ones(self.n, bool)
+        self._no_target = np.zeros((self.n,) + self.out_shape if slots else self.out_shape, self.y_dtype)
 
     def _channels(self, spec):
         if spec is None or spec.channels is None:
@@ -279,7 +280,8 @@ class OnlineLearner:
             full = layout.unpack(buffers)
             part = self._slot_part(full)
             state = self._with_slot_part(full, jax.tree_util.tree_map(lambda a: a[idx], part))
-            vecs = jnp.zeros((xs.shape[0], self._vec_size(idx.shape[0])), jnp.result_type(self.y_dtype, jnp.float32))
+            one = jax.eval_shape(lambda s: self._steps(s, None, xs[0], ys[0], active[0], learn[0])[1], state)
+            vecs = jnp.zeros((xs.shape[0],) + one.shape, one.dtype)
 
             def body(i, carry):
                 state, vecs = carry
@@ -296,10 +298,6 @@ class OnlineLearner:
                 new = {**new, "stats": {**new["stats"], "counters": c.at[:, COUNTERS.index("step")].add(count * others)}}
             return layout.pack(self._with_slot_part(state, new)), vecs
         return fn
-
-    def _vec_size(self, m):
-        one = self.out_shape if self.horizon == 1 else (self.horizon,) + self.out_shape
-        return m * math.prod(one) + m + (m if self.per_slot else 1)
 
     def compiled(self, k: int | None = None):
         """The AOT-compiled packed step (cached per micro-batch size)."""
@@ -351,7 +349,8 @@ class OnlineLearner:
         if y is None:
             if self.cfg.mode == "supervised" and learning:
                 raise ValueError("supervised mode needs a target with every x (or learn=False)")
-            y = np.zeros(lead + (() if self.slots is None else (n,)) + self.out_shape, self.y_dtype)
+            y = self._no_target if not lead and n == self.n else \
+                np.zeros(lead + (() if self.slots is None else (n,)) + self.out_shape, self.y_dtype)
         else:
             y = np.asarray(y, self.y_dtype)
             want = lead + (() if self.slots is None else (n,)) + self.out_shape
@@ -359,12 +358,13 @@ class OnlineLearner:
                 raise ValueError(f"target has shape {y.shape}, expected {want}")
         return x, y
 
-    def _mask(self, mask, lead=(), name="active"):
+    def _mask(self, mask, lead=(), name="active", n=None):
+        n = n or self.n
         if mask is None:
-            return self._ones if not lead else np.ones(lead + (self.n,), bool)
+            return self._ones if not lead and n == self.n else np.ones(lead + (n,), bool)
         mask = np.asarray(mask, bool)
-        if mask.shape != lead + (self.n,):
-            raise ValueError(f"{name} has shape {mask.shape}, expected {lead + (self.n,)}")
+        if mask.shape != lead + (n,):
+            raise ValueError(f"{name} has shape {mask.shape}, expected {lead + (n,)}")
         return mask
 
     def step(self, x, target=None, active=None, learn=None) -> StepResult:
@@ -385,16 +385,10 @@ class OnlineLearner:
         per = np.asarray(vec).reshape(k, -1)
         return [self._decode(v) for v in per]
 
-    def step_unchecked(self, x, y, active, learn, k: int | None = None, idx=None) -> np.ndarray:
+    def step_unchecked(self, x, y, active, learn, k: int | None = None) -> np.ndarray:
         """The engine's path: arrays already of the right shapes and dtypes (a leading k axis
-        for k steps), no validation; returns the raw output vector (see ``decode``).
-        idx (m,) int32, distinct slots: one step of those slots only (x, y, active, learn
-        with a slot axis of size m, no k)."""
-        if idx is None:
-            self.buffers, vec = self.compiled(k)(self.buffers, x, y, active, learn)
-        else:
-            self.buffers, vec = self.compiled_subset(len(idx))(self.buffers, idx, np.int32(1), x[None], y[None],
-                                                               active[None], learn[None])
+        for k steps), no validation; returns the raw output vector (see ``decode``)."""
+        self.buffers, vec = self.compiled(k)(self.buffers, x, y, active, learn)
         return np.asarray(vec)
 
     def step_subset_unchecked(self, idx, count: int, xs, ys, active, learn) -> np.ndarray:
@@ -418,15 +412,11 @@ class OnlineLearner:
         if idx.min() < 0 or idx.max() >= self.n or len(np.unique(idx)) != idx.size:
             raise ValueError(f"slots must be distinct indices in 0..{self.n - 1}; got {idx.tolist()}")
         m = idx.size
-        learn = np.ones(m, bool) if learn is None else np.asarray(learn, bool)
-        if learn.shape != (m,):
-            raise ValueError(f"learn has shape {learn.shape}, expected {(m,)}")
+        learn = self._mask(learn, name="learn", n=m)
         x, y = self._check(x, target, learning=bool(learn.any()), n=m)
-        active = np.ones(m, bool) if active is None else np.asarray(active, bool)
-        if active.shape != (m,):
-            raise ValueError(f"active has shape {active.shape}, expected {(m,)}")
-        vec = self.step_unchecked(x, y, active, learn, idx=idx.astype(np.int32))
-        return self._decode(vec[0], m)
+        active = self._mask(active, n=m)
+        rows = self.step_subset_unchecked(idx.astype(np.int32), 1, x[None], y[None], active[None], learn[None])
+        return self._decode(rows[0], m)
 
     def decode(self, vec, k: int | None = None, m: int | None = None) -> list[StepResult] | StepResult:
         """Split ``step_unchecked``'s vector into StepResults (a list when k is given);
