@@ -292,3 +292,49 @@ def test_clipped_sgd_update_matches_independent_gradient(clip):
         step_norm += np.sum(got ** 2)
     expected_norm = lr * (norm if clip is None else clip)
     assert np.sqrt(step_norm) == pytest.approx(expected_norm, rel=1e-3)
+
+
+def test_non_finite_trace_value_keeps_its_old_value_inside_the_step():
+    """The trace guard is part of the step: a trace value that comes out of the update not
+    finite keeps its old value, every other value advances as without the fault, and the
+    gradient reads the guarded traces (the update stays finite). The fault is injected into
+    the trace update of a slot whose first input is the marker; the twin learner runs the
+    same program with a marker that never comes."""
+    def inject(learner, marker):
+        advance = learner.algo._advance
+
+        def faulty(params, hidden, traces, args):     # one slot (vmapped)
+            out, h, tr, P = advance(params, hidden, traces, args)
+            flat = tr[name].reshape(-1)
+            flat = flat.at[0].set(jnp.where(args[0][0] == marker, jnp.nan, flat[0]))
+            return out, h, {**tr, name: flat.reshape(tr[name].shape)}, P
+        learner.algo._advance = faulty
+        return learner
+    L, ref = make(slots=2), make(slots=2)
+    name = sorted(L.algo.init_traces())[0]
+    inject(L, 7.0), inject(ref, -7.0)
+
+    xs, ys = data(4, slots=2, seed=5)
+    xs[2, 0, 0] = 7.0
+    for t in range(2):
+        L.step(xs[t], ys[t])
+        ref.step(xs[t], ys[t])
+    before = snapshot(L)
+    assert_equal(part(before, LEARNED + CARRIED), part(snapshot(ref), LEARNED + CARRIED))
+    r = L.step(xs[2], ys[2])
+    ref.step(xs[2], ys[2])
+    after, want = snapshot(L), snapshot(ref)
+
+    assert r.applied is True and np.isfinite(r.loss).all()
+    assert all(np.isfinite(w).all() for w in L.params.values())
+    assert all(np.isfinite(v).all() for v in part(after, CARRIED).values())
+    assert_equal(part(after, ("hidden.",)), part(want, ("hidden.",)))
+    key = "traces." + name
+    for k, v in part(after, ("traces.",)).items():
+        expect = want[k].copy()
+        if k == key:
+            old = before[k].reshape(2, -1)[0, 0]
+            assert expect.reshape(2, -1)[0, 0] != old          # the fault hid a real change
+            expect.reshape(2, -1)[0, 0] = old
+        assert np.array_equal(v, expect), f"{k} differs from the fault-free step"
+    assert L.stats()["skipped"] == 0

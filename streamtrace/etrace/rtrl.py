@@ -85,7 +85,7 @@ class RTRL(ETraceVjpAlgorithm):
     def learning_signal(self, g, residual):
         return g  # with the new state cut, g already is the partial derivative
 
-    def _forward(self, params, hidden, traces, args):
+    def _advance(self, params, hidden, traces, args):
         hn, hs, pn, _ = self._layout()
         n_h = sum(hs)
         dtype = jnp.result_type(*[hidden[n] for n in hn])

@@ -114,7 +114,7 @@ class StepFunctions:
         # take): the features of the last prediction are kept instead, one model step per call
         self._carry_features = cfg.mode == "forecast" and readout is not None and not self.learn_model
         self._vstep = algo.over_slots
-        self._vforward = jax.vmap(lambda p, h, tr, x: algo.forward(p, h, tr, (x,)), in_axes=(None, 0, 0, 0))
+        self._vforward = jax.vmap(lambda p, h, tr, x, k: algo.forward(p, h, tr, (x,), k), in_axes=(None, 0, 0, 0, 0))
         self._vplain = jax.vmap(lambda p, h, x: algo.graph.run(p, h, (x,)), in_axes=(None, 0, 0))
 
     # ---- params as one block (or one per group) ------------------------------------------
@@ -185,10 +185,11 @@ class StepFunctions:
         (_, aux), g = jax.value_and_grad(total, has_aux=True)(self.from_block(state["params"]))
         return aux, self.to_block(g)
 
-    def _model(self, p, state, z, learn: bool):
-        """The model on encoded input z from the stored hidden state: (out, hidden, traces)."""
+    def _model(self, p, state, z, learn: bool, keep=None):
+        """The model on encoded input z from the stored hidden state: (out, hidden, traces).
+        ``keep`` (N,): the slots whose traces advance (the others keep theirs)."""
         if learn and self.learn_model:
-            return self._vstep(p, state["hidden"], state["traces"], z)
+            return self._vstep(p, state["hidden"], state["traces"], z, keep)
         out, h = self._vplain(p, state["hidden"], z)
         return out, h, state["traces"]
 
@@ -283,17 +284,17 @@ class StepFunctions:
         z, t_model = T.encode(sig, x), T.target(sig, x, target)
 
         def total(p):
-            out, h, tr = self._model(p, state, z, learn=True)
+            out, h, tr = self._model(p, state, z, learn=True, keep=ok)
             pred, r = self._head(state, out, z)
             losses = jax.vmap(self.loss_fn)(pred, t_model)
             return self._weighted(losses, learning & settled), (pred, r, h, tr, losses)
         (pred, r, h, tr, losses), grads = self._run(total, state)
-        ok = ok & jnp.isfinite(_slot_sum(h) + _slot_sum(tr)) & (jnp.isfinite(losses) | ~learning)
+        ok = ok & jnp.isfinite(_slot_sum(h)) & (jnp.isfinite(losses) | ~learning)
         observe = learning & ok     # the transform learns its statistics from every good sample
         learning = observe & settled
         out = T.decode(sig, x, pred)
-        state = {**state, "hidden": _slot_where(ok, h, state["hidden"]),
-                 "traces": _slot_where(ok, tr, state["traces"])}
+        # traces: guarded inside the step (see _model)
+        state = {**state, "hidden": _slot_where(ok, h, state["hidden"]), "traces": tr}
         state = self._learn_readout(state, r, t_model, learning)
         state, applied = self._apply(state, grads, jnp.any(learning))
         state = self._observe(state, x, target, observe)
@@ -353,24 +354,23 @@ class StepFunctions:
         z_prev, t_model = T.encode(sig, pend["x"]), T.target(sig, pend["x"], y_now)
 
         def total(p):
-            out, h, tr = self._model(p, state, z_prev, learn=True)
+            out, h, tr = self._model(p, state, z_prev, learn=True, keep=has_prev)
             pred, r = self._head(state, out, z_prev)
             losses = jax.vmap(self.loss_fn)(pred, t_model)
             return self._weighted(losses, learning), (h, tr, r, losses)
         (h1, tr1, r, losses), grads = self._run(total, state)
-        advance = has_prev & jnp.isfinite(_slot_sum(h1) + _slot_sum(tr1))
+        advance = has_prev & jnp.isfinite(_slot_sum(h1))
         learning = learning & advance & jnp.isfinite(losses)
         state = self._learn_readout(state, r, t_model, learning)
         state, applied = self._apply(state, grads, jnp.any(learning))
         # the state at t-1 (replayed), or the held one where there was nothing to replay
         h_cur = _slot_where(advance, h1, state["hidden"])
-        tr_cur = _slot_where(advance, tr1, state["traces"])
         keep = x_ok & (advance | ~has_prev)
         state = self._observe(state, x, None, keep)
         preds = self._rollout(state, h_cur, x)
         state = self._finish(state, active & ~keep, learning, losses, pend["pred"], y_now, advance)
-        state = {**state, "hidden": _slot_where(keep, h_cur, state["hidden"]),
-                 "traces": _slot_where(keep, tr_cur, state["traces"]),
+        # traces: guarded inside the step (where there was nothing to replay they are the old)
+        state = {**state, "hidden": _slot_where(keep, h_cur, state["hidden"]), "traces": tr1,
                  "pending": {"x": jnp.where(_lead(keep, x), x, pend["x"]),
                              "valid": jnp.where(keep, 1, pend["valid"]).astype(jnp.int32),
                              "pred": jnp.where(_lead(keep, preds[0]), preds[0], pend["pred"])}}
@@ -398,13 +398,13 @@ class StepFunctions:
         sig, T = self._signal(state), self.transform
         z = T.encode(sig, x)
         if self.learn_model:
-            out, h, tr = self._vforward(self.from_block(state["params"]), state["hidden"], state["traces"], z)
+            out, h, tr = self._vforward(self.from_block(state["params"]), state["hidden"], state["traces"], z,
+                                        ok.astype(jnp.float32))
         else:
             out, h, tr = self._model(self.from_block(state["params"]), state, z, learn=False)
         out = T.decode(sig, x, self._head(state, out, z)[0])
-        ok = ok & jnp.isfinite(_slot_sum(h) + _slot_sum(tr))
-        state = {**state, "hidden": _slot_where(ok, h, state["hidden"]),
-                 "traces": _slot_where(ok, tr, state["traces"])}
+        ok = ok & jnp.isfinite(_slot_sum(h))
+        state = {**state, "hidden": _slot_where(ok, h, state["hidden"]), "traces": tr}
         nan = jnp.full(ok.shape, jnp.nan, jnp.float32)
         state = self._finish(state, active & ~ok, jnp.zeros_like(ok), nan)
         return state, out, nan, jnp.bool_(False)
