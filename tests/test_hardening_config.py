@@ -138,6 +138,8 @@ BAD = [
     ("engine", {"cpu": -2}, "engine.cpu", "got -2"),
     ("engine", {"slots": 0}, "engine.slots", "got 0"),
     ("engine", {"micro_batch": 0}, "engine.micro_batch", "got 0"),
+    ("engine", {"busy_poll_us": -1}, "engine.busy_poll_us", "got -1"),
+    ("engine", {"busy_poll_us": 0.5}, "engine.busy_poll_us", "must be an integer"),
     ("engine", {"slots": "4"}, "engine.slots", "must be an integer"),
     ("engine", {"slots": 2.5}, "engine.slots", "must be an integer"),
     ("engine", {"shared_weights": 1}, "engine.shared_weights", "true or false"),

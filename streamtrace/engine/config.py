@@ -86,6 +86,8 @@ class EngineSection:
     max_pending: int = 256        # per stream; beyond it messages are refused as "overloaded"
     max_message_bytes: int = 1 << 20
     cpu: int = -1                 # pin the engine to this CPU (-1: no pinning)
+    busy_poll_us: int = 1000      # after traffic, poll without sleeping this long: no wake-up per
+                                  # message (0: off; never with one CPU; CPU cost: see README)
     sync_dispatch: bool = True    # run each compiled step on the calling thread: every step is
                                   # awaited anyway, and a hand-off to jax's worker thread costs
                                   # a cross-thread wake-up per message
@@ -207,6 +209,7 @@ class EngineConfig:
                    f" (a data message of n_in + n_out float64 values and a 128-character stream name "
                    f"needs up to ~{smallest} bytes)")
         _int_range("engine.cpu", e.cpu, -1, 1 << 20, " (-1: no pinning)")
+        _int_range("engine.busy_poll_us", e.busy_poll_us, 0, 1_000_000, " (0: off)")
         if "\x00" in e.compile_cache_dir:
             raise ConfigError("engine.compile_cache_dir", "must be a folder path (or '' for no cache); "
                               "it contains a NUL character")

@@ -22,6 +22,7 @@ from .core import EngineCore
 from .memory import release_after_warmup
 from .preflight import check_environment, check_security
 from .receive import recv_message
+from .spin import BusyPoll
 
 __all__ = ["Engine", "serve", "open_engine"]
 
@@ -170,12 +171,12 @@ class Engine:
         deadline = None if max_seconds is None else clock() + max_seconds
         # read at most this much before stepping: one stream's queue then never passes
         # engine.max_pending, and what waits beyond it stays in ZeroMQ (back-pressure)
+        spin = BusyPoll(self.cfg.engine.busy_poll_us)
         drain_max = min(self.cfg.engine.slots * self.cfg.engine.micro_batch, self.cfg.engine.max_pending)
         max_bytes = self.cfg.engine.max_message_bytes
         try:
             while not self._stop:
-                timeout = 0 if core.has_pending() else 50
-                events = dict(poller.poll(timeout))
+                events = dict(poller.poll(spin.timeout_ms(clock(), core.has_pending())))
                 from_router, from_pull = bool(events.get(self.router)), bool(events.get(self.pull))
                 for _ in range(drain_max):  # drain what waits, then step once for all of it
                     # a socket is read again only while it says a message waits (asking is
@@ -205,8 +206,10 @@ class Engine:
                 while core.has_pending():
                     self._send(core.tick())
                 now = clock()
+                if busy:
+                    spin.busy(now)
                 if self._warming is not False:
-                    self._warm_step(busy, now)
+                    self._warm_step(busy or spin.active(now), now)
                 if now >= next_stats:
                     next_stats = now + stats_every
                     core.evict_idle(now)

@@ -1,0 +1,66 @@
+"""Busy polling after traffic (engine.busy_poll_us): the window's arithmetic, and the engine
+loop polling without sleeping inside it (and only there), answers unchanged."""
+import threading
+
+import numpy as np
+import pytest
+import zmq
+
+from streamtrace.adapters import SensorClient
+from streamtrace.engine import load_config
+from streamtrace.engine.server import Engine
+from streamtrace.engine.spin import IDLE_MS, BusyPoll
+
+
+def test_window_after_traffic():
+    b = BusyPoll(1000, cpus=2)
+    assert b.timeout_ms(5.0, pending=False) == IDLE_MS        # nothing happened yet: sleep
+    b.busy(10.0)
+    assert b.timeout_ms(10.0009, pending=False) == 0 and b.active(10.0009)
+    assert b.timeout_ms(10.0011, pending=False) == IDLE_MS and not b.active(10.0011)
+    assert b.timeout_ms(99.0, pending=True) == 0               # queued work never waits
+
+
+@pytest.mark.parametrize("window_us,cpus", [(0, 2), (1000, 1)], ids=["off", "one-cpu"])
+def test_never_spins_when_off_or_on_one_cpu(window_us, cpus):
+    b = BusyPoll(window_us, cpus=cpus)
+    b.busy(10.0)
+    assert b.timeout_ms(10.0, pending=False) == IDLE_MS and not b.active(10.0)
+    assert b.timeout_ms(10.0, pending=True) == 0
+
+
+def _serve(tmp_path, window_us, monkeypatch):
+    """An engine thread whose poll timeouts are recorded; ten forecast steps from one sensor."""
+    polls = []
+    real = zmq.Poller.poll
+
+    def poll(self, timeout=None):
+        if threading.current_thread().name == "engine":     # not the sensor's own polls
+            polls.append(timeout)
+        return real(self, timeout)
+    monkeypatch.setattr(zmq.Poller, "poll", poll)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})   # as on a 2-CPU machine
+    cfg = load_config(None, {"model": {"n_hidden": 4}, "engine": {"slots": 1, "busy_poll_us": window_us},
+                             "sockets": {"router": f"ipc://{tmp_path}/r", "pull": "", "pub": ""}})
+    eng = Engine(cfg)
+    th = threading.Thread(target=eng.run, kwargs={"install_signals": False, "max_seconds": 60},
+                          daemon=True, name="engine")
+    th.start()
+    preds = []
+    with SensorClient(eng.endpoints["router"], stream="s", timeout_s=20) as c:
+        for t in range(10):
+            preds.append(c.step(np.array([np.sin(0.3 * t)], np.float32))["pred"])
+    eng.stop()
+    th.join(10)
+    return polls, np.array(preds)
+
+
+def test_engine_polls_without_sleeping_only_inside_the_window(tmp_path, monkeypatch):
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    spun, p1 = _serve(tmp_path / "a", 200_000, monkeypatch)   # 0.2 s: covers the client's turn
+    slept, p0 = _serve(tmp_path / "b", 0, monkeypatch)
+    # with the window the loop polled again and again without sleeping between the messages;
+    # without it, every poll with no work queued was a sleeping one
+    assert spun.count(0) > 10 * slept.count(0) and spun.count(0) > 100
+    assert slept.count(IDLE_MS) > 0 and set(slept) <= {0, IDLE_MS}
+    assert np.array_equal(p1, p0)                   # the answers do not depend on the polling
