@@ -153,8 +153,14 @@ def poisoned_mse(pred, target):
     return jnp.mean((_poison(pred, flag) - target) ** 2)
 
 
-def test_non_finite_gradient_with_finite_loss_is_rejected():
+@pytest.mark.parametrize("storage", ["packed", "separate"])
+def test_non_finite_gradient_with_finite_loss_is_rejected(monkeypatch, storage):
+    if storage == "separate":        # each weight apart, none checked whole but the smallest
+        from streamtrace.learner import groups, step
+        monkeypatch.setattr(groups, "SEPARATE_FROM", 1)
+        monkeypatch.setattr(step, "CHECK_BELOW", 1)
     L = make(optimizer=optax.sgd(0.1), loss=poisoned_mse)
+    assert L.fns.store.separate == (storage == "separate")
     xs, ys = data(4)
     L.step(xs[0], ys[0])
     before, stats0 = snapshot(L), L.stats()
@@ -338,3 +344,52 @@ def test_non_finite_trace_value_keeps_its_old_value_inside_the_step():
             expect.reshape(2, -1)[0, 0] = old
         assert np.array_equal(v, expect), f"{k} differs from the fault-free step"
     assert L.stats()["skipped"] == 0
+
+
+def test_gradient_value_that_overflows_keeps_its_weight_value(monkeypatch):
+    """Weights of CHECK_BELOW values or more are stored apart and their gradient is not read
+    whole: a value of it that is not finite keeps its weight value and its Adam moments,
+    every other value learns as without the fault, and the step counts as applied. The fault:
+    one trace value of slot 0 set to the float32 maximum (finite, so the trace keeps it),
+    whose product with a learning signal above 1 overflows in that one gradient value. The
+    twin learner runs the same program with a marker that never comes."""
+    from streamtrace.learner import groups, step
+    monkeypatch.setattr(groups, "SEPARATE_FROM", 1)    # every weight an array of its own
+    monkeypatch.setattr(step, "CHECK_BELOW", 20)       # biases and readout checked, matrices not
+
+    def inject(learner, marker, name):
+        advance = learner.algo._advance
+
+        def faulty(params, hidden, traces, args):     # one slot (vmapped)
+            out, h, tr, P = advance(params, hidden, traces, args)
+            flat = tr[name].reshape(-1)
+            big = jnp.finfo(flat.dtype).max
+            flat = flat.at[0].set(jnp.where(args[0][0] == marker, big, flat[0]))
+            return out, h, {**tr, name: flat.reshape(tr[name].shape)}, P
+        learner.algo._advance = faulty
+    L, ref = make(slots=2), make(slots=2)
+    assert L.fns.store.separate
+    trace = next(k for k in sorted(L.algo.init_traces()) if k.startswith("eps.") and k.endswith(".W"))
+    weight = trace[len("eps."):]
+    inject(L, 7.0, trace), inject(ref, -7.0, trace)
+
+    xs, ys = data(3, slots=2, seed=9)
+    xs[1, 0, 0] = 7.0
+    ys[1] = 300.0                         # a learning signal far above 1
+    L.step(xs[0], ys[0]), ref.step(xs[0], ys[0])
+    before = snapshot(L)
+    ra, rb = L.step(xs[1], ys[1]), ref.step(xs[1], ys[1])
+    after, want = snapshot(L), snapshot(ref)
+
+    assert ra.applied is True and rb.applied is True and L.stats()["rejected"] == 0
+    assert all(np.isfinite(v).all() for k, v in after.items() if k.startswith(("params.", "opt")))
+    moved = [k for k in after if k.startswith(("params.", "opt")) and k.endswith(weight)]
+    assert len(moved) == 3                # the weight, its first and second moment
+    for k in after:
+        if not k.startswith(("params.", "opt")):
+            continue
+        expect = want[k].copy()
+        if k in moved:
+            assert expect.reshape(-1)[0] != before[k].reshape(-1)[0]   # the fault hid a real update
+            expect.reshape(-1)[0] = before[k].reshape(-1)[0]
+        assert np.array_equal(after[k], expect), f"{k} differs from the fault-free step"
