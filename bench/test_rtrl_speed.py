@@ -24,7 +24,7 @@ class DenseJacobianRTRL(st.RTRL):
         p, _ = ravel_pytree(self.graph.init_params())
         return {"M": jax.numpy.zeros((h.size, p.size), h.dtype)}
 
-    def _forward(self, params, hidden, traces, args):
+    def _advance(self, params, hidden, traces, args):
         flat_h, unravel_h = ravel_pytree(hidden)
         flat_p, unravel_p = ravel_pytree(params)
 
