@@ -4,8 +4,9 @@ A blocked poll costs a wake-up per message (the kernel's scheduler, then cold ca
 Python that reads, steps and replies): measured on a 2-vCPU Xeon, one GRU-64 sensor over ipc,
 p50 463 -> 260 us with 1 ms of polling after each burst. The window bounds the cost: an idle
 engine sleeps as before, a 100 Hz sensor keeps ~10% of one CPU busy, a stream of 1 kHz or
-more one whole CPU. An engine that may run on one CPU only never spins: it would take that
-CPU from the sender and from XLA.
+more one whole CPU, unless other work wants that CPU: each empty poll yields it first. An
+engine that may run on one CPU only never spins: it would take that CPU from the sender and
+from XLA.
 """
 from __future__ import annotations
 
@@ -29,6 +30,12 @@ class BusyPoll:
     def active(self, now: float) -> bool:
         """Inside the window: the loop counts as busy (its idle-time chores wait)."""
         return now < self._until
+
+    def idle_turn(self):
+        """A poll inside the window found nothing: give the CPU to any other runnable thread
+        (a sensor on the same machine, another process) before polling again; when none
+        waits this returns at once, so an otherwise idle CPU keeps polling."""
+        os.sched_yield()
 
     def timeout_ms(self, now: float, pending: bool) -> int:
         """The next poll's timeout: 0 while work waits or inside the window, else IDLE_MS."""
