@@ -113,10 +113,15 @@ class OnlineLearner:
                                  "groups": None if groups is None else groups.describe(),
                                  "frozen": frozen, "model": describe_model(model),
                                  "optimizer": {} if self.fns.opt is None else describe_optimizer(self.fns.opt)}
-        state0 = self._init_state()
-        self.layout = Layout(state0, standalone=standalone)
-        self._init_buffers = self.layout.pack(state0)
-        self.buffers = tuple(jnp.array(b, copy=True) for b in self._init_buffers)  # donated, not these
+        # the initial state as one compiled program: built op by op it took ~50 small programs
+        # (each compiled, or loaded from the cache, at every start)
+        # (the weights go in as arguments: as constants of the program they would be hashed and
+        # embedded in it)
+        p0 = self.algo.graph.init_params()
+        self.layout = Layout(jax.eval_shape(self._init_state, p0), standalone=standalone)
+        init = jax.jit(lambda p: self.layout.pack(self._init_state(p)))
+        self._init_buffers = init(p0)
+        self.buffers = init(p0)     # donated, not the initial ones
         self._compiled = {}
         self._state_dict_signature = None
         self._ones = np.ones(self.n, bool)
@@ -149,8 +154,8 @@ class OnlineLearner:
         return tuple(out.shape), np.dtype(out.dtype)
 
     # ---- state ------------------------------------------------------------------------
-    def _init_state(self):
-        kw = dict(y_shape=self.out_shape, y_dtype=self.y_dtype)
+    def _init_state(self, params):
+        kw = dict(y_shape=self.out_shape, y_dtype=self.y_dtype, params=params)
         if not self.per_slot:
             return self.fns.init(self.n, self.x_shape, self.x_dtype, **kw)
         one = self.fns.init(1, self.x_shape, self.x_dtype, **kw)
@@ -441,10 +446,11 @@ class OnlineLearner:
     def compiled_reset(self):
         """The compiled slot reset: (buffers, slot) -> buffers."""
         if "reset" not in self._compiled:
-            fresh = self._slot_part(self.layout.unpack(self._init_buffers))
+            init = self._init_buffers
 
             def reset(buffers, i):
                 state = self.layout.unpack(buffers)
+                fresh = self._slot_part(self.layout.unpack(init))    # in the program: no eager ops
                 part = jax.tree_util.tree_map(lambda a, b: a.at[i].set(b[i]), self._slot_part(state), fresh)
                 return self.layout.pack(self._with_slot_part(state, part))
             self._compiled["reset"] = jax.jit(reset).lower(self.buffers, np.int32(0)).compile()

@@ -65,6 +65,13 @@ def choose_width(shapes, lo=8, hi=4096) -> int:
     return max(score, key=lambda w: (score[w], w)) if score else lo
 
 
+def _dtype(leaf) -> np.dtype:
+    """A leaf's dtype as jax stores it (x64 off: float64 -> float32), without making an array
+    of it: leaves may be shapes only (``jax.eval_shape``)."""
+    dt = getattr(leaf, "dtype", None)
+    return np.dtype(jax.dtypes.canonicalize_dtype(dt if dt is not None else np.result_type(leaf)))
+
+
 class Layout:
     """Static description of a pytree of arrays as per-dtype (rows, width) buffers, plus the
     leaves of at least ``standalone`` elements as buffers of their own.
@@ -81,14 +88,14 @@ class Layout:
         self.alone_names = [path_name(leaves[i][0]) for i in self.alone]
         alone = set(self.alone)
         self._all_names = [path_name(kp) for kp, _ in leaves]
-        self._alone_meta = [(tuple(np.shape(leaves[i][1])), np.dtype(jnp.asarray(leaves[i][1]).dtype))
+        self._alone_meta = [(tuple(np.shape(leaves[i][1])), _dtype(leaves[i][1]))
                             for i in self.alone]
         leaves = [lf for i, lf in enumerate(leaves) if i not in alone]
         self._packed_index = [i for i in range(len(self._all_names)) if i not in alone]
         self.dtypes: list[np.dtype] = []
         groups: list[list] = []
         for _, leaf in leaves:
-            dt = np.dtype(jnp.asarray(leaf).dtype)
+            dt = _dtype(leaf)
             if dt not in self.dtypes:
                 self.dtypes.append(dt)
                 groups.append([])
@@ -97,7 +104,7 @@ class Layout:
         rows = [0] * len(self.dtypes)
         self.slots: list[_Slot] = []
         for kp, leaf in leaves:
-            dt = np.dtype(jnp.asarray(leaf).dtype)
+            dt = _dtype(leaf)
             b = self.dtypes.index(dt)
             size = int(np.prod(np.shape(leaf), dtype=np.int64))
             n_rows = max(1, -(-size // self.widths[b]))

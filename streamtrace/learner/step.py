@@ -19,6 +19,7 @@ slot axis and the shared step runs under ``vmap`` with one slot each.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import jax
@@ -175,7 +176,7 @@ class StepFunctions:
         block = self.to_block(p0 if params is None else params)
         tile = lambda t: jax.tree_util.tree_map(lambda v: jnp.broadcast_to(v, (n_slots,) + v.shape), t)
         y_shape = tuple(y_shape) if y_shape is not None else self._y_shape
-        n_out = int(jnp.prod(jnp.array(y_shape))) if y_shape else 1
+        n_out = math.prod(y_shape)
         state = {"params": block, "hidden": tile(h0), "traces": tile(tr0) if self.learn_model else {},
                  "stats": {"counters": jnp.zeros(len(COUNTERS), jnp.int32),
                            "preq_sum": jnp.zeros(n_slots, jnp.float32),
@@ -194,8 +195,8 @@ class StepFunctions:
             state["signal"] = sig
         if self.readout is not None:
             feat = self.algo.graph.out_struct
-            n_in = int(jnp.prod(jnp.array(x_shape))) if x_shape else 1
-            n_feat = int(jnp.prod(jnp.array(feat.shape))) if feat.shape else 1
+            n_in = math.prod(x_shape)
+            n_feat = math.prod(feat.shape)
             state["readout"] = self.readout.init(n_slots, n_feat, n_in, n_out, feat.dtype)
             if self._carry_features:
                 m = self.readout.n_features(n_feat, n_in)
