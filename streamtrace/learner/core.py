@@ -113,10 +113,9 @@ class OnlineLearner:
                                  "groups": None if groups is None else groups.describe(),
                                  "frozen": frozen, "model": describe_model(model),
                                  "optimizer": {} if self.fns.opt is None else describe_optimizer(self.fns.opt)}
-        # the initial state as one compiled program: built op by op it took ~50 small programs
-        # (each compiled, or loaded from the cache, at every start)
-        # (the weights go in as arguments: as constants of the program they would be hashed and
-        # embedded in it)
+        # the initial state as one compiled program (built op by op it took ~50 small programs,
+        # each compiled or loaded from the cache at every start), the weights as its arguments
+        # (as constants they would be embedded in the program and hashed for the cache key)
         p0 = self.algo.graph.init_params()
         self.layout = Layout(jax.eval_shape(self._init_state, p0), standalone=standalone)
         init = jax.jit(lambda p: self.layout.pack(self._init_state(p)))
