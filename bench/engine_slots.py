@@ -6,29 +6,13 @@ the bare ZeroMQ echo in the same run.
 """
 import argparse
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
-from streamtrace.adapters import SensorClient
-from streamtrace.cli import start_engine, stop, write_config
+from streamtrace.cli import _roundtrips, start_echo, start_engine, stop, write_config
 
 WARM_S = 8.0    # the engine compiles its other programs 2 s into constant traffic
-
-
-def roundtrips(ep, steps, warm_s):
-    x = np.zeros(1, np.float32)
-    with SensorClient(ep, stream="s", timeout_s=120) as c:
-        until = time.monotonic() + warm_s
-        while time.monotonic() < until:
-            c.step(x)
-        lat = np.empty(steps)
-        for i in range(steps):
-            t0 = time.perf_counter()
-            c.step(x)
-            lat[i] = time.perf_counter() - t0
-    return lat * 1e6
 
 
 def main():
@@ -38,14 +22,10 @@ def main():
     ap.add_argument("--algorithm", default="d-rtrl")
     ap.add_argument("--steps", type=int, default=2000)
     args = ap.parse_args()
-    import subprocess
-    import sys
     work = Path(tempfile.mkdtemp(prefix="st-slots-", dir="/tmp"))
-    echo = subprocess.Popen([sys.executable, "-m", "streamtrace.engine.echo", f"ipc://{work}/echo", "-1"],
-                            stdout=subprocess.PIPE, text=True)
-    echo.stdout.readline()
+    echo = start_echo(f"ipc://{work}/echo")
     try:
-        floor = roundtrips(f"ipc://{work}/echo", args.steps, 1.0)
+        floor = _roundtrips(f"ipc://{work}/echo", args.steps, None, warmup=1, warm_s=1.0)
     finally:
         stop(echo)
     print(f"echo p50 {np.median(floor):.0f} us, p99 {np.percentile(floor, 99):.0f} us")
@@ -61,7 +41,8 @@ def main():
                 "publish": {"weights_every": 0, "stats_every_s": 3600.0, "predictions": False}})
             proc = start_engine(cfg)
             try:
-                lat = roundtrips(ep, args.steps if h <= 64 else max(args.steps // 5, 200), WARM_S)
+                lat = _roundtrips(ep, args.steps if h <= 64 else max(args.steps // 5, 200), None,
+                                  warmup=1, warm_s=WARM_S)
             finally:
                 stop(proc)
             p50, p99 = float(np.median(lat)), float(np.percentile(lat, 99))

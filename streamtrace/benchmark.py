@@ -117,11 +117,9 @@ def bench_config(cfg: EngineConfig, *, algorithms=ALGORITHMS, iters: int = 1000,
 
 def e2e_roundtrip(cfg: EngineConfig, config_path: str | None, steps: int) -> dict:
     """One sensor's round trips over ipc: the engine serving this config, then the echo floor."""
-    import subprocess
-    import sys
     import tempfile
 
-    from .cli import _roundtrips, start_engine, stop, write_config
+    from .cli import _roundtrips, start_echo, start_engine, stop, write_config
     work = Path(tempfile.mkdtemp(prefix="st-bench-", dir="/tmp"))
     sections = tomllib.loads(Path(config_path).read_text()) if config_path else {}
     sections.update(sockets={"router": f"ipc://{work}/engine", "pull": "", "pub": ""},
@@ -133,12 +131,7 @@ def e2e_roundtrip(cfg: EngineConfig, config_path: str | None, steps: int) -> dic
     out = {"transport": "ipc", "steps": steps}
     for server in ("echo", "engine"):
         ep = f"ipc://{work}/{server}"
-        if server == "echo":
-            proc = subprocess.Popen([sys.executable, "-m", "streamtrace.engine.echo", ep, "-1"],
-                                    stdout=subprocess.PIPE, text=True)
-            proc.stdout.readline()
-        else:
-            proc = start_engine(write_config(work / "engine.toml", sections))
+        proc = start_echo(ep) if server == "echo" else start_engine(write_config(work / "engine.toml", sections))
         try:
             # warm-up for seconds too: the engine compiles its other programs (busy-slot
             # subsets, micro-batch sizes) 2 s into constant traffic, stalling a few round trips

@@ -54,6 +54,15 @@ def start_engine(config: Path, *, cpu: int | None = None, log=None) -> subproces
     raise RuntimeError(f"the engine exited with code {proc.wait()} before listening")
 
 
+def start_echo(endpoint: str, cpu: int | None = None) -> subprocess.Popen:
+    """The bare ZeroMQ + msgpack echo server (the transport floor) in a child process;
+    returns once it listens."""
+    proc = subprocess.Popen([sys.executable, "-m", "streamtrace.engine.echo", endpoint,
+                             str(-1 if cpu is None else cpu)], stdout=subprocess.PIPE, text=True)
+    proc.stdout.readline()
+    return proc
+
+
 def stop(proc: subprocess.Popen, timeout: float = 30.0):
     if proc.poll() is None:
         proc.terminate()
@@ -236,9 +245,7 @@ def cmd_bench(args) -> int:
                 ep = (f"ipc://{work}/{server}-{int(pinned)}" if transport == "ipc"
                       else f"tcp://127.0.0.1:{args.port + len(rows)}")
                 if server == "echo":
-                    proc = subprocess.Popen([sys.executable, "-m", "streamtrace.engine.echo", ep,
-                                             str(cpu if pinned else -1)], stdout=subprocess.PIPE, text=True)
-                    proc.stdout.readline()
+                    proc = start_echo(ep, cpu)
                 else:
                     cfg = write_config(work / f"engine-{transport}-{int(pinned)}.toml", {
                         "model": {"stack": "gru", "n_in": 1, "n_hidden": args.hidden, "n_out": 1},

@@ -176,9 +176,10 @@ class Engine:
         max_bytes = self.cfg.engine.max_message_bytes
         try:
             while not self._stop:
-                timeout = spin.timeout_ms(clock(), core.has_pending())
+                pending = core.has_pending()
+                timeout = spin.timeout_ms(clock(), pending)
                 events = dict(poller.poll(timeout))
-                if not events and timeout == 0 and not core.has_pending():
+                if not events and timeout == 0 and not pending:
                     spin.idle_turn()
                 from_router, from_pull = bool(events.get(self.router)), bool(events.get(self.pull))
                 for _ in range(drain_max):  # drain what waits, then step once for all of it

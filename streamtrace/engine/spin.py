@@ -39,4 +39,4 @@ class BusyPoll:
 
     def timeout_ms(self, now: float, pending: bool) -> int:
         """The next poll's timeout: 0 while work waits or inside the window, else IDLE_MS."""
-        return 0 if pending or now < self._until else IDLE_MS
+        return 0 if pending or self.active(now) else IDLE_MS

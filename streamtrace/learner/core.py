@@ -425,7 +425,7 @@ class OnlineLearner:
     def decode(self, vec, k: int | None = None, m: int | None = None) -> list[StepResult] | StepResult:
         """Split ``step_unchecked``'s vector into StepResults (a list when k is given);
         m: the slot count of a subset step."""
-        return self._decode(vec, m) if k is None else [self._decode(v) for v in vec.reshape(k, -1)]
+        return self._decode(vec, m) if k is None else [self._decode(v, m) for v in vec.reshape(k, -1)]
 
     def _decode(self, vec, n: int | None = None) -> StepResult:
         n = n or self.n

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from .groups import ParamStore
+from .groups import SEPARATE_FROM, ParamStore
 from .rolling import RollingMetrics
 from .transforms import Identity
 
@@ -81,8 +81,9 @@ def _small_traces(tr):
     return {k: v for k, v in tr.items() if v[0].size < 4096}
 
 
-# gradient arrays under this many values are checked whole (see _check_gradient)
-CHECK_BELOW = 32768
+# gradient arrays under this many values are checked whole (see _check_gradient): the size
+# from which a weight is stored as an array of its own
+CHECK_BELOW = SEPARATE_FROM
 
 
 def _check_gradient(grads):
@@ -115,6 +116,11 @@ def _keep_finite(use, new, old):
             return jnp.where(use & jnp.isfinite(u), u, v)
         return jnp.where(use, u, v)
     return jax.tree_util.tree_map(one, new, old)
+
+
+def _carried_finite(h, tr):
+    """(N,) whether each slot's new hidden state (and its small traces, see above) is finite."""
+    return jnp.isfinite(_slot_sum(h) + _slot_sum(_small_traces(tr)))
 
 
 def _slot_sum(tree):
@@ -332,7 +338,7 @@ class StepFunctions:
             losses = jax.vmap(self.loss_fn)(pred, t_model)
             return self._weighted(losses, learning & settled), (pred, r, h, tr, losses)
         (pred, r, h, tr, losses), grads = self._run(total, state)
-        ok = ok & jnp.isfinite(_slot_sum(h) + _slot_sum(_small_traces(tr))) & (jnp.isfinite(losses) | ~learning)
+        ok = ok & _carried_finite(h, tr) & (jnp.isfinite(losses) | ~learning)
         observe = learning & ok     # the transform learns its statistics from every good sample
         learning = observe & settled
         out = T.decode(sig, x, pred)
@@ -402,7 +408,7 @@ class StepFunctions:
             losses = jax.vmap(self.loss_fn)(pred, t_model)
             return self._weighted(losses, learning), (h, tr, r, losses)
         (h1, tr1, r, losses), grads = self._run(total, state)
-        advance = has_prev & jnp.isfinite(_slot_sum(h1) + _slot_sum(_small_traces(tr1)))
+        advance = has_prev & _carried_finite(h1, tr1)
         learning = learning & advance & jnp.isfinite(losses)
         state = self._learn_readout(state, r, t_model, learning)
         state, applied = self._apply(state, grads, jnp.any(learning))
@@ -441,12 +447,11 @@ class StepFunctions:
         sig, T = self._signal(state), self.transform
         z = T.encode(sig, x)
         if self.learn_model:
-            out, h, tr = self._vforward(self.from_block(state["params"]), state["hidden"], state["traces"], z,
-                                        ok.astype(jnp.float32))
+            out, h, tr = self._vforward(self.from_block(state["params"]), state["hidden"], state["traces"], z, ok)
         else:
             out, h, tr = self._model(self.from_block(state["params"]), state, z, learn=False)
         out = T.decode(sig, x, self._head(state, out, z)[0])
-        ok = ok & jnp.isfinite(_slot_sum(h) + _slot_sum(_small_traces(tr)))
+        ok = ok & _carried_finite(h, tr)
         state = {**state, "hidden": _slot_where(ok, h, state["hidden"]), "traces": tr}
         nan = jnp.full(ok.shape, jnp.nan, jnp.float32)
         state = self._finish(state, active & ~ok, jnp.zeros_like(ok), nan)
