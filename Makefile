@@ -14,15 +14,16 @@ $(VENV)/.installed: pyproject.toml
 demo: $(VENV)/.installed
 	$(PY) -m streamtrace demo
 
-# The MQTT bridge tests need a real broker: Debian's mosquitto (installed here when missing, as
-# CI's root can), else amqtt from PyPI in the venv; without either those tests fail and say why.
+# The MQTT bridge tests need a real broker: Debian's mosquitto, else amqtt already in the venv,
+# else mosquitto installed here (as CI's root can), else amqtt from PyPI; without either those
+# tests fail and say why. apt-get is bounded: a stuck mirror or dpkg lock falls through to amqtt
+# instead of holding CI.
+APT = DEBIAN_FRONTEND=noninteractive timeout 120 apt-get -o DPkg::Lock::Timeout=30 -o Acquire::Retries=1
 broker: $(VENV)/.installed
-	@command -v mosquitto >/dev/null 2>&1 || test -x /usr/sbin/mosquitto || \
-	  (DEBIAN_FRONTEND=noninteractive apt-get install -y -q mosquitto || \
-	   (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q mosquitto)) || \
-	  test -x $(VENV)/bin/amqtt || \
-	  (echo "*** mosquitto could not be installed (apt-get needs root): installing amqtt from PyPI as the" \
-	        "MQTT test broker ***" >&2 && $(PY) -m pip install --quiet 'amqtt>=0.11,<0.13') || \
+	@command -v mosquitto >/dev/null 2>&1 || test -x /usr/sbin/mosquitto || test -x $(VENV)/bin/amqtt || \
+	  ($(APT) install -y -q mosquitto || ($(APT) update -q && $(APT) install -y -q mosquitto)) || \
+	  (echo "*** mosquitto could not be installed (apt-get needs root and a reachable mirror): installing" \
+	        "amqtt from PyPI as the MQTT test broker ***" >&2 && $(PY) -m pip install --quiet 'amqtt>=0.11,<0.13') || \
 	  echo "*** no MQTT broker (neither mosquitto nor amqtt): the MQTT bridge tests will fail ***" >&2
 
 test: $(VENV)/.installed broker

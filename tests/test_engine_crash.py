@@ -183,13 +183,10 @@ def test_sigkill_at_random_times_with_frequent_checkpoints_never_leaves_a_corrup
                 assert resumed is None
             else:                                 # it resumes from the newest checkpoint there
                 assert resumed == last, (round_, resumed, last)
-            # odd rounds: killed at a random time; even rounds: at the first write after a random time
-            start = time.monotonic() + rng.uniform(0.2, 0.8)
-            deadline = start + 2.0 if round_ % 2 == 0 else start
-            killed = threading.Event()
-            killer = threading.Thread(target=_kill_inside_a_write, args=(proc, ckpt, start, deadline, killed, tmp))
-            killer.start()
-            with SensorClient(router, stream="load", start_seq=seq, timeout_s=0.5) as c:
+            # odd rounds: killed at a random time; even rounds: at the first write after a random
+            # time; timed from the first answer (on a loaded machine a restart may take seconds)
+            killed, killer = threading.Event(), None
+            with SensorClient(router, stream="load", start_seq=seq, timeout_s=30) as c:
                 outstanding = 0
                 while not killed.is_set():        # 16 steps always queued: the engine never idles
                     while outstanding < 16:
@@ -201,7 +198,15 @@ def test_sigkill_at_random_times_with_frequent_checkpoints_never_leaves_a_corrup
                         break
                     outstanding -= 1
                     assert r["type"] == "prediction"
+                    if killer is None:
+                        start = time.monotonic() + rng.uniform(0.2, 0.8)
+                        deadline = start + 2.0 if round_ % 2 == 0 else start
+                        killer = threading.Thread(target=_kill_inside_a_write,
+                                                  args=(proc, ckpt, start, deadline, killed, tmp))
+                        killer.start()
+                        c.timeout_ms = 500        # from now on a silence is the kill
                 seq = c.seq
+            assert killer is not None, "the engine never answered"
             killer.join()
             _kill(proc)
             proc = None
