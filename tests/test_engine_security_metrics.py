@@ -1,6 +1,7 @@
 """CURVE authentication for remote sensors, and the Prometheus endpoint."""
 import socket
 import threading
+import time
 import urllib.request
 
 import numpy as np
@@ -8,7 +9,7 @@ import pytest
 import zmq
 import zmq.auth
 
-from streamtrace.adapters import SensorClient
+from streamtrace.adapters import PushClient, SensorClient
 from streamtrace.engine import Engine, load_config
 
 
@@ -55,6 +56,70 @@ def test_curve_lets_authorised_clients_in_and_keeps_others_out(tmp_path):
             with pytest.raises(TimeoutError):
                 c.step(np.zeros(1, np.float32))
         assert eng.core.metrics.counters["accepted"] == 1
+    finally:
+        eng.stop()
+        th.join(10)
+
+
+def _in_thread(fn, limit_s=20.0):
+    """fn()'s exception (or None), run in a thread: an fn that blocks for good fails the test
+    after limit_s instead of holding it."""
+    out = []
+
+    def run():
+        try:
+            fn()
+            out.append(None)
+        except BaseException as e:   # noqa: BLE001 - handed to the test
+            out.append(e)
+    th = threading.Thread(target=run, daemon=True)
+    th.start()
+    th.join(limit_s)
+    assert not th.is_alive(), f"still blocked after {limit_s} s"
+    return out[0]
+
+
+def test_a_client_whose_key_the_engine_refused_times_out_instead_of_blocking(tmp_path):
+    """Once the engine has turned a CURVE key down (within milliseconds of connecting) ZeroMQ
+    has no connection left to queue a message on, and a plain send waits forever (how the CI
+    run of the test above once hung). The clients' sends wait at most their timeout, raise
+    TimeoutError naming the likely cause, and use no sequence number."""
+    keys, allowed = tmp_path / "keys", tmp_path / "allowed"
+    keys.mkdir()
+    allowed.mkdir()
+    server_public, server_secret = zmq.auth.create_certificates(keys, "server")
+    zmq.auth.create_certificates(keys, "client")
+    _, stranger_secret = zmq.auth.create_certificates(keys, "stranger")
+    (allowed / "client.key").write_bytes((keys / "client.key").read_bytes())
+    eng, th = _engine(tmp_path, security={"curve_secret_key_file": str(server_secret),
+                                          "curve_authorized_dir": str(allowed)},
+                      sockets={"pull": f"ipc://{tmp_path}/p"})
+    server_key, _ = zmq.auth.load_certificate(server_public)
+    try:
+        with SensorClient(eng.endpoints["router"], stream="turned-away", server_public_key=server_key,
+                          client_keys=str(stranger_secret), timeout_s=0.3) as c:
+            # the first message may still be queued (then no answer comes); by its timeout the
+            # handshake has failed, and from then on a send has nowhere to go
+            assert isinstance(_in_thread(lambda: c.step(np.zeros(1, np.float32))), TimeoutError)
+            used = c.seq
+            for _ in range(3):
+                time.sleep(0.1)
+                err = _in_thread(lambda: c.step(np.zeros(1, np.float32)))
+                assert isinstance(err, TimeoutError), err
+                assert "could not hand a message" in str(err) and "authorised" in str(err), err
+                assert c.seq == used              # the refused sends used no sequence number
+        with PushClient(eng.endpoints["pull"], stream="pushed-away", server_public_key=server_key,
+                        client_keys=str(stranger_secret), timeout_s=0.3) as p:
+            try:
+                p.send(np.zeros(1, np.float32))   # queued while connecting, then dropped
+            except TimeoutError:                  # or refused that fast already
+                pass
+            used = p.seq
+            time.sleep(0.5)
+            err = _in_thread(lambda: p.send(np.zeros(1, np.float32)))
+            assert isinstance(err, TimeoutError) and "could not hand a message" in str(err), err
+            assert p.seq == used
+        assert eng.core.metrics.counters["received"] == 0
     finally:
         eng.stop()
         th.join(10)
