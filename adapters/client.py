@@ -62,8 +62,8 @@ def _send(sock, frames, endpoint: str, timeout_ms: int):
         sock.send_multipart(frames)
     except zmq.Again:
         raise TimeoutError(f"could not hand a message to {endpoint} within {timeout_ms} ms: no connection to the "
-                           "engine (is it running there? with CURVE, is the server key right and this client's "
-                           "key authorised?)") from None
+                           "engine (with CURVE: is the server key right and this client's key authorised? "
+                           "else: is the engine keeping up?)") from None
 
 
 class SensorClient:
