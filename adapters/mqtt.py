@@ -133,6 +133,7 @@ class MqttBridge(BridgeThread):
         self.connected = threading.Event()
         self.link: EngineLink | None = None
         self._closing = False
+        self._up = False                        # a connection the broker accepted (CONNACK) is open
         self._version = None
         self._last_sent, self._unanswered_since, self._said_silent = 0.0, None, False
         self.engine_silent_s = ENGINE_SILENT_S
@@ -218,6 +219,7 @@ class MqttBridge(BridgeThread):
             self._say(f"mqtt bridge: the broker refused the connection: {reason_code}")
             return
         self.net["connects"] += 1
+        self._up = True
         # a clean session forgets subscriptions: subscribe on every (re)connection
         client.subscribe(self.settings.topic, qos=self.settings.qos)
         self._say(f"mqtt bridge: connected to {self.settings.host}:{self.settings.port}"
@@ -239,7 +241,11 @@ class MqttBridge(BridgeThread):
 
     def _on_disconnect(self, client, userdata, flags, reason_code, properties=None):
         self.connected.clear()
+        up, self._up = self._up, False
         if self._closing:
+            return
+        if not up:     # lost before the broker accepted it (a reconnect that reached a dying
+            self._connect_failed(reason_code)      # broker's socket): a failed connect, not a lost one
             return
         self.net["disconnects"] += 1
         self._say(f"mqtt bridge: lost the broker ({reason_code}); reconnecting")

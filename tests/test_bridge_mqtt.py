@@ -384,6 +384,41 @@ def test_payload_forms_decode_to_the_values_sent():
     assert e.value.reason in ("wrong_type", "not_json_or_msgpack")
 
 
+def test_a_connection_closed_before_the_broker_accepted_it_is_a_failed_connect_not_a_disconnect():
+    """What a reconnect meets when it reaches a dying broker's socket (seen under load: one
+    broker death counted as two disconnects): TCP connects, then the peer closes before any
+    CONNACK. Counted as a connect failure and retried; nothing was connected, so nothing was lost."""
+    import socket
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    accepted = []
+
+    def closer():
+        srv.settimeout(0.2)
+        while len(accepted) < 3:
+            try:
+                conn, _ = srv.accept()
+            except OSError:       # timeout, or closed at the end of the test
+                if srv.fileno() < 0:
+                    return
+                continue
+            accepted.append(1)
+            conn.close()          # no CONNACK: the connection ends during MQTT's handshake
+    th = threading.Thread(target=closer, daemon=True)
+    th.start()
+    br = MqttBridge(MqttSettings(port=srv.getsockname()[1], reconnect_min_s=0.05, reconnect_max_s=0.1),
+                    log=None).start()
+    try:
+        wait_for(lambda: len(accepted) >= 3, what="three connection attempts to reach the socket")
+        wait_for(lambda: br.net["connect_failures"] >= 3, what="them to be counted")
+    finally:
+        summary = br.stop()
+        srv.close()
+    assert summary["mqtt"].get("disconnects", 0) == 0 and summary["mqtt"].get("connects", 0) == 0
+    assert summary["mqtt"]["connect_failures"] >= 3
+
+
 def test_an_unreachable_broker_and_a_silent_engine_are_said_not_fatal(broker):
     import io
     import tempfile
