@@ -255,6 +255,10 @@ def test_cli_bridge_stops_on_sigterm_and_writes_its_stats(engine, tmp_path):
             outlet.push_sample([0.0, 1.0])
             found = pylsl.resolve_byprop("name", name + "-pred", 1, 0.2)
         inlet, _ = pred_inlet(name)
+        # answers to the probes still in flight (on a loaded machine some come after the inlet
+        # opened): taken until the outlet has been quiet for a second
+        while len(inlet.pull_chunk(timeout=1.0, max_samples=1024, min_samples=1, as_numpy=True)[1]):
+            pass
         outlet.push_chunk([[0.1 * i, 1.0] for i in range(1, 20)])
         _, pred_ts = collect(inlet, 19, timeout=30)
     finally:
