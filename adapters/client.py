@@ -53,30 +53,12 @@ def decode_reply(raw: bytes) -> dict:
     return msg
 
 
-def _send(sock, frames, endpoint: str, timeout_ms: int):
-    """A send that waits at most the socket's send timeout. ZeroMQ queues messages for a peer it
-    is still connecting to, but once a connection was refused (a CURVE handshake the engine
-    turned down: a wrong server key, a client key that is not authorised, no key at all)
-    there is no peer to queue for, and a plain send would wait forever."""
-    try:
-        sock.send_multipart(frames)
-    except zmq.Again:
-        raise TimeoutError(f"could not hand a message to {endpoint} within {timeout_ms} ms: no connection to the "
-                           "engine (with CURVE: is the server key right and this client's key authorised? "
-                           "else: is the engine keeping up?)") from None
-
-
-class SensorClient:
-    def __init__(self, endpoint: str = "tcp://127.0.0.1:5555", *, stream: str = "sensor-0", start_seq: int = 0,
-                 timeout_s: float = 10.0, ctx: zmq.Context | None = None, server_public_key: bytes | None = None,
-                 client_keys: str | None = None):
-        self.ctx = ctx or zmq.Context.instance()
-        self.sock = self.ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        _curve(self.sock, server_public_key, client_keys)
-        self.sock.connect(endpoint)
-        self.endpoint, self.stream, self.seq = endpoint, stream, start_seq
-        self.timeout_ms = int(timeout_s * 1000)
+class _Timed:
+    """A client socket (``self.sock``, ``self.endpoint``) whose sends and receives wait at most
+    ``timeout_ms``. ZeroMQ queues messages for a peer it is still connecting to, but once a
+    connection was refused (a CURVE handshake the engine turned down: a wrong server key, a
+    client key that is not authorised, no key at all) there is no peer to queue for, and a
+    plain send would wait forever."""
 
     @property
     def timeout_ms(self) -> int:
@@ -87,6 +69,33 @@ class SensorClient:
     def timeout_ms(self, ms: int):
         self._timeout_ms = int(ms)
         self.sock.setsockopt(zmq.SNDTIMEO, self._timeout_ms)
+
+    def _send(self, frames):
+        try:
+            self.sock.send_multipart(frames)
+        except zmq.Again:
+            raise TimeoutError(f"could not hand a message to {self.endpoint} within {self._timeout_ms} ms: no "
+                               "connection to the engine (with CURVE: is the server key right and this client's "
+                               "key authorised? else: is the engine keeping up?)") from None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class SensorClient(_Timed):
+    def __init__(self, endpoint: str = "tcp://127.0.0.1:5555", *, stream: str = "sensor-0", start_seq: int = 0,
+                 timeout_s: float = 10.0, ctx: zmq.Context | None = None, server_public_key: bytes | None = None,
+                 client_keys: str | None = None):
+        self.ctx = ctx or zmq.Context.instance()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        _curve(self.sock, server_public_key, client_keys)
+        self.sock.connect(endpoint)
+        self.endpoint, self.stream, self.seq = endpoint, stream, start_seq
+        self.timeout_ms = int(timeout_s * 1000)
 
     def send(self, x, y=None, *, stream: str | None = None, seq: int | None = None, mode: str | None = None) -> int:
         """Queue one step without waiting for its answer; returns its sequence number (a send
@@ -99,7 +108,7 @@ class SensorClient:
         return seq
 
     def send_raw(self, raw: bytes):
-        _send(self.sock, [b"", raw], self.endpoint, self._timeout_ms)
+        self._send([b"", raw])
 
     def recv(self, *, raise_errors: bool = True) -> dict:
         if not self.sock.poll(self.timeout_ms):
@@ -131,14 +140,8 @@ class SensorClient:
     def close(self):
         self.sock.close(0)
 
-    def __enter__(self):
-        return self
 
-    def __exit__(self, *exc):
-        self.close()
-
-
-class PushClient:
+class PushClient(_Timed):
     """Fire-and-forget: predictions are published on the engine's PUB socket only."""
 
     def __init__(self, endpoint: str = "tcp://127.0.0.1:5556", *, stream: str = "sensor-0", start_seq: int = 0,
@@ -147,10 +150,10 @@ class PushClient:
         self.ctx = ctx or zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.PUSH)
         self.sock.setsockopt(zmq.LINGER, 1000)
-        self.sock.setsockopt(zmq.SNDTIMEO, int(timeout_s * 1000))
         _curve(self.sock, server_public_key, client_keys)
         self.sock.connect(endpoint)
-        self.endpoint, self.stream, self.seq, self.timeout_ms = endpoint, stream, start_seq, int(timeout_s * 1000)
+        self.endpoint, self.stream, self.seq = endpoint, stream, start_seq
+        self.timeout_ms = int(timeout_s * 1000)
 
     def send(self, x, y=None, *, mode: str | None = None) -> int:
         """Queue one step. Non-finite readings are refused here (ValueError) without using a
@@ -160,16 +163,9 @@ class PushClient:
         if not np.all(np.isfinite(x)) or (y is not None and not np.all(np.isfinite(y))):
             raise ValueError("x or y contains NaN or Inf; the engine would refuse it")
         seq = self.seq
-        _send(self.sock, [wire.data_message(self.stream, seq, x, y, ts=time.time(), mode=mode)], self.endpoint,
-              self.timeout_ms)
+        self._send([wire.data_message(self.stream, seq, x, y, ts=time.time(), mode=mode)])
         self.seq += 1
         return seq
 
     def close(self):
         self.sock.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
