@@ -100,12 +100,11 @@ class SensorClient(_Timed):
     def send(self, x, y=None, *, stream: str | None = None, seq: int | None = None, mode: str | None = None) -> int:
         """Queue one step without waiting for its answer; returns its sequence number (a send
         that times out raises TimeoutError and uses no number)."""
-        raw = wire.data_message(stream or self.stream, self.seq if seq is None else seq, x, y, ts=time.time(), mode=mode)
-        self.send_raw(raw)
+        n = self.seq if seq is None else seq
+        self.send_raw(wire.data_message(stream or self.stream, n, x, y, ts=time.time(), mode=mode))
         if seq is None:
-            seq = self.seq
             self.seq += 1
-        return seq
+        return n
 
     def send_raw(self, raw: bytes):
         self._send([b"", raw])
