@@ -169,7 +169,7 @@ def make_limit_step(n_in: int, hidden: int, n_out: int, algorithm: str, slots: i
     y = rng.normal(size=(n, n_out)).astype(np.float32)
     # compiled with the learner's XLA options: the ratio compares programs, not settings
     compiled = jax.jit(fn, donate_argnums=(0,) if donate else ()).lower(state, x, y).compile(
-        step_compiler_options())
+        step_compiler_options(n))
     box = [state]
 
     def step():

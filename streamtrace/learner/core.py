@@ -308,7 +308,7 @@ class OnlineLearner:
         if k not in self._compiled:
             fn = jax.jit(self._fn(k), donate_argnums=(0,) if self.donate else ())
             x, y, a = self._example_inputs(k)
-            self._compiled[k] = fn.lower(self.buffers, x, y, a, a).compile(step_compiler_options())
+            self._compiled[k] = fn.lower(self.buffers, x, y, a, a).compile(step_compiler_options(self.n))
         return self._compiled[k]
 
     def compiled_subset(self, m: int, k: int = 1):
@@ -321,7 +321,7 @@ class OnlineLearner:
         if key not in self._compiled:
             x, y, a = self._example_inputs(k, m)
             self._compiled[key] = jax.jit(self._fn_subset(), donate_argnums=(0,)).lower(
-                self.buffers, np.zeros(m, np.int32), np.int32(1), x, y, a, a).compile(step_compiler_options())
+                self.buffers, np.zeros(m, np.int32), np.int32(1), x, y, a, a).compile(step_compiler_options(m))
         return self._compiled[key]
 
     def _example_inputs(self, k, n=None):
