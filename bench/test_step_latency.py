@@ -3,7 +3,6 @@ the jax dispatch floor, the hand-written limit program of the same math (bench/l
 stacks) and, when installed, the reference library measured in the same run."""
 import jax
 import numpy as np
-import optax
 import pytest
 
 import streamtrace as st
@@ -27,8 +26,9 @@ def test_dispatch_floor(record):
 
 
 def _step_fn(kind, hidden, algo, slots):
+    # the default optimizer, st.adam(1e-3): optax.adam's arithmetic, applied in place
     learner = st.OnlineLearner(st.nn.Stack(kind, N_IN, hidden, N_OUT), np.zeros(N_IN, np.float32),
-                               algorithm=algo, optimizer=optax.adam(1e-3), slots=slots)
+                               algorithm=algo, lr=1e-3, slots=slots)
     compiled = learner.compiled()
     lead = () if slots is None else (slots,)
     rng = np.random.default_rng(0)

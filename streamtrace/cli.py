@@ -281,14 +281,13 @@ def cmd_bench(args) -> int:
 # ---- learn (engine-free) ------------------------------------------------------------------
 def cmd_learn(args) -> int:
     import numpy as np
-    import optax
 
     from .learner import OnlineLearner
     from .nn import Stack
 
     signal = _signal(0, args.steps + 1)
     learner = OnlineLearner(Stack(args.model, 1, args.hidden, 1), np.zeros(1, np.float32), mode="forecast",
-                            algorithm=args.algorithm, optimizer=optax.adam(args.lr))
+                            algorithm=args.algorithm, lr=args.lr)
     print(f"online learning: {args.model.upper()}-{args.hidden}, {args.algorithm}, forecasting a two-tone signal")
     window, losses = max(1, args.steps // 10), []
     for i in range(args.steps):

@@ -346,7 +346,8 @@ def test_non_finite_trace_value_keeps_its_old_value_inside_the_step():
     assert L.stats()["skipped"] == 0
 
 
-def test_gradient_value_that_overflows_keeps_its_weight_value(monkeypatch):
+@pytest.mark.parametrize("adam", [optax.adam, st.adam], ids=["optax", "in-place"])
+def test_gradient_value_that_overflows_keeps_its_weight_value(monkeypatch, adam):
     """Weights of CHECK_BELOW values or more are stored apart and their gradient is not read
     whole: a value of it that is not finite keeps its weight value and its Adam moments,
     every other value learns as without the fault, and the step counts as applied. The fault:
@@ -367,7 +368,7 @@ def test_gradient_value_that_overflows_keeps_its_weight_value(monkeypatch):
             flat = flat.at[0].set(jnp.where(args[0][0] == marker, big, flat[0]))
             return out, h, {**tr, name: flat.reshape(tr[name].shape)}, P
         learner.algo._advance = faulty
-    L, ref = make(slots=2), make(slots=2)
+    L, ref = make(slots=2, optimizer=adam(1e-2)), make(slots=2, optimizer=adam(1e-2))
     assert L.fns.store.separate
     trace = next(k for k in sorted(L.algo.init_traces()) if k.startswith("eps.") and k.endswith(".W"))
     weight = trace[len("eps."):]

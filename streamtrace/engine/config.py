@@ -331,7 +331,9 @@ def _check_address(key, addr):
 
 def _opt(name):
     import optax
-    return {"adam": optax.adam, "sgd": optax.sgd, "rmsprop": optax.rmsprop, "adamw": optax.adamw}[name]
+
+    from ..learner.adam import adam     # optax.adam, applied in place by the learner
+    return {"adam": adam, "sgd": optax.sgd, "rmsprop": optax.rmsprop, "adamw": optax.adamw}[name]
 
 
 OPTIMIZERS = ("adam", "sgd", "rmsprop", "adamw", "frozen")

@@ -3,6 +3,7 @@ from .._imports import import_brainstate
 
 import_brainstate()     # before brainstate is first imported: without matplotlib (see _imports)
 
+from .adam import adam
 from .checkpoint import (
            CheckpointDir,
            CheckpointError,
@@ -21,4 +22,4 @@ from .transforms import chain
 
 __all__ = ["OnlineLearner", "StepResult", "Layout", "LOSSES", "CheckpointError", "CheckpointDir",
            "read_checkpoint", "write_checkpoint", "Forecast", "normalise", "residual", "chain", "rls",
-           "param_groups"]
+           "param_groups", "adam"]

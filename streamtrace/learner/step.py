@@ -282,7 +282,10 @@ class StepFunctions:
         k = self.cfg.learn_every
         new = dict(state)
         keep = lambda a, b: _keep_finite(use, a, b)
-        if k == 1:
+        if k == 1 and hasattr(self.opt, "guarded_step"):     # e.g. learner.adam: guards in place
+            new["params"], new["opt"] = self.opt.guarded_step(grads, opt, params, use)
+            applied = use
+        elif k == 1:
             updates, opt2 = self.opt.update(grads, opt, params)
             new["params"] = keep(optax.apply_updates(params, updates), params)
             new["opt"] = keep(opt2, opt)

@@ -1,0 +1,59 @@
+"""Adam, with a learner step that guards each value without blocking in-place updates.
+
+``adam(lr)`` is ``optax.adam(lr)``: the same ``init``, ``update`` and state, usable wherever an
+optax transform is. The learner recognises it by ``guarded_step`` and applies it through that.
+
+Why: the learner keeps a weight value and its moments whose update is not finite. Applied as
+``optax.adam`` then a select per state leaf, the weight's new value is computed from the new
+moments *before* their select, so XLA recomputes them from the old ones in the weight's pass;
+with donated buffers it must then copy every old moment (both the moment pass and the weight
+pass read it, and one of them writes it in place). ``guarded_step`` selects the moments first
+and forms the weight's update from the moments it stores, so every pass reads what the one
+before it wrote and all of them can run in place. Where a value's update is finite the result
+is optax's: the same functions in the same order (tests/test_adam.py against ``optax.adam``).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+
+__all__ = ["Adam", "adam"]
+
+
+class Adam(optax.GradientTransformation):
+    """``optax.adam``'s ``(init, update)`` and its hyperparameters (a constant learning rate)."""
+
+    def guarded_step(self, grads, state, params, use):
+        """(params, state) after one Adam step where ``use`` (a scalar) and, per value, the
+        gradient and its square are finite; elsewhere weight and moments keep their values.
+        (A moment that would overflow from a finite gradient keeps its value too.)"""
+        lr, b1, b2, eps, eps_root = self.hyper
+        old = state[0]
+        if not isinstance(old, optax.ScaleByAdamState):
+            raise TypeError(f"Adam.guarded_step needs optax.adam's state; got {type(old).__name__}")
+        _, new = optax.scale_by_adam(b1, b2, eps, eps_root).update(grads, old)
+        fine = jax.tree.map(lambda g: use & jnp.isfinite(g * g), grads)
+        keep = lambda ok, n, o: jnp.where(ok & jnp.isfinite(n), n, o)  # noqa: E731
+        mu = jax.tree.map(keep, fine, new.mu, old.mu)
+        nu = jax.tree.map(keep, fine, new.nu, old.nu)
+        count = jnp.where(use, new.count, old.count)
+        # optax.scale_by_adam's update, formed from the stored moments, then optax.scale(-lr)
+        mu_hat = optax.tree.bias_correction(mu, b1, new.count)
+        nu_hat = optax.tree.bias_correction(nu, b2, new.count)
+        step = -1 * lr
+        updates = jax.tree.map(lambda m, v: step * (m / (jnp.sqrt(v + eps_root) + eps)), mu_hat, nu_hat)
+        params = jax.tree.map(keep, fine, optax.apply_updates(params, updates), params)
+        return params, (optax.ScaleByAdamState(count=count, mu=mu, nu=nu), *state[1:])
+
+
+def adam(learning_rate: float = 1e-3, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
+         eps_root: float = 0.0):
+    """``optax.adam(learning_rate, b1, b2, eps, eps_root)``, which the learner applies in place
+    (see the module). A learning-rate schedule gives plain ``optax.adam``."""
+    inner = optax.adam(learning_rate, b1=b1, b2=b2, eps=eps, eps_root=eps_root)
+    if callable(learning_rate):
+        return inner
+    out = Adam(inner.init, inner.update)
+    out.hyper = (float(learning_rate), b1, b2, eps, eps_root)
+    return out
