@@ -9,9 +9,11 @@ A one-slot step is scheduled for memory, not concurrency. Its work is a few weig
 passes per weight (trace, moments, weight); XLA's default order puts the same pass of every
 weight side by side, to run them on several threads, so a weight's arrays have left the cache
 before its next pass reads them, and on one core the runtime still hands half of them to a
-second thread and waits for it. GRU-256 D-RTRL, one slot, pinned: 1.38x the limit program
-against 1.28x (ES-D-RTRL 1.21x against 1.12x); GRU-64 one slot unchanged. Steps of many
-slots keep the default: there it measured 0-3% slower (64 slots of GRU-256 ES-D-RTRL).
+second thread and waits for it. With an optax optimizer (each state leaf guarded apart),
+GRU-256 D-RTRL, one slot, pinned: 1.38x the limit program against 1.25-1.28x (ES-D-RTRL 1.21x
+against 1.12x); GRU-64 one slot unchanged. With the default ``adam`` (in place) the order no
+longer matters (1.07x either way). Steps of many slots keep the default: there it measured
+0-3% slower (64 slots of GRU-256 ES-D-RTRL).
 """
 from __future__ import annotations
 
