@@ -112,3 +112,18 @@ def test_learner_default_adam_learns_as_optax_adam(slots):
     assert ours.stats()["updates"] == twin.stats()["updates"] == 150
     for k, v in ours.params.items():
         np.testing.assert_allclose(np.asarray(v), np.asarray(twin.params[k]), rtol=1e-4, atol=1e-5)
+
+
+def test_a_donating_learner_gives_up_its_standalone_buffers_only():
+    """With donation the weights, moments and traces (standalone buffers) are given to XLA and
+    the packed small state is not; a step still reads and writes both correctly (above)."""
+    model = CellNet(nn.GRUCell, n_in=3, n_hidden=64, n_out=1, seed=0)
+    L = st.OnlineLearner(model, np.zeros(3, np.float32))
+    n = len(L.layout.dtypes)
+    assert L.donate and len(L.buffers) > n                 # some standalone buffers
+    old = L.buffers
+    L.step(np.ones(3, np.float32), np.ones(1, np.float32))
+    assert not any(b.is_deleted() for b in old[:n])
+    assert all(b.is_deleted() for b in old[n:])
+    plain = st.OnlineLearner(model, np.zeros(3, np.float32), optimizer=optax.adam(1e-3))
+    assert not plain.donate                                # optax: kept, see OnlineLearner
