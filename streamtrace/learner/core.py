@@ -104,8 +104,7 @@ class OnlineLearner:
         self.horizon = self.cfg.horizon
         self.slots, self.n = slots, slots or 1
         self.per_slot = slots is not None and not shared_weights
-        in_place = hasattr(self.fns.opt, "guarded_step")
-        self.donate = (readout is not None or slots is not None or in_place) if donate is None else bool(donate)
+        self.donate = (readout is not None or slots is not None or self.fns.in_place) if donate is None else bool(donate)
         self._signature_extra = {"algorithm": self.algo.name, "decay": getattr(self.algo, "decay", None),
                                  "mode": mode, "learn_every": learn_every, "slots": slots,
                                  "shared_weights": bool(shared_weights) or slots is None, "reduce": reduce,
@@ -312,8 +311,11 @@ class OnlineLearner:
         """The AOT-compiled packed step (cached per micro-batch size)."""
         if k not in self._compiled:
             x, y, a = self._example_inputs(k)
-            self._compiled[k] = self._donating(self._fn(k), (x, y, a, a), step_compiler_options(self.n))
+            self._compiled[k] = self._donating(self._fn(k), (x, y, a, a), self._options(self.n))
         return self._compiled[k]
+
+    def _options(self, slots):
+        return step_compiler_options(slots, leaf_guards=self.fns.opt is not None and not self.fns.in_place)
 
     def _donating(self, fn, args, options):
         """``fn(buffers, *args)`` compiled; with ``donate`` the standalone buffers (weights,
@@ -337,7 +339,7 @@ class OnlineLearner:
         if key not in self._compiled:
             x, y, a = self._example_inputs(k, m)
             self._compiled[key] = jax.jit(self._fn_subset(), donate_argnums=(0,)).lower(
-                self.buffers, np.zeros(m, np.int32), np.int32(1), x, y, a, a).compile(step_compiler_options(m))
+                self.buffers, np.zeros(m, np.int32), np.int32(1), x, y, a, a).compile(self._options(m))
         return self._compiled[key]
 
     def _example_inputs(self, k, n=None):

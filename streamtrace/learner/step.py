@@ -160,6 +160,9 @@ class StepFunctions:
         if opt is not None and clip is not None:
             opt = optax.chain(optax.clip_by_global_norm(clip), opt)
         self.opt = opt
+        # the optimizer updates each value in one guarded pass (learner.adam) instead of a
+        # select per state leaf after it: buffers can then be donated (see OnlineLearner)
+        self.in_place = hasattr(opt, "guarded_step") and cfg.learn_every == 1
         self._y_shape = tuple(y_shape) if y_shape is not None else tuple(algo.graph.out_struct.shape)
         self.rolling = RollingMetrics(cfg.window)
         # a frozen model under a readout needs no replay of step t-1 (there is no gradient to
@@ -282,7 +285,7 @@ class StepFunctions:
         k = self.cfg.learn_every
         new = dict(state)
         keep = lambda a, b: _keep_finite(use, a, b)
-        if k == 1 and hasattr(self.opt, "guarded_step"):     # e.g. learner.adam: guards in place
+        if self.in_place:
             new["params"], new["opt"] = self.opt.guarded_step(grads, opt, params, use)
             applied = use
         elif k == 1:
