@@ -91,7 +91,8 @@ def pytest_sessionfinish(session, exitstatus):
             "no limit" if r["group"] == "streamtrace" and not any(k[0] == key[0] for k in limit) else "-")
         fl = fused.get(key) if r["group"] == "streamtrace" else None
         x_fused = f"{r['median_us'] / fl['median_us']:.2f}" if fl else "-"
-        lines.append(f"| {r['name']} | {r['median_us']:.1f} | {r['p99_us']:.1f} | {f} | {x_ref} | {x_lim} | {x_fused} |")
+        lines.append(f"| {r['name']} | {r['median_us']:.1f} | {r['p99_us']:.1f} | {f} | {x_ref} | {x_lim} "
+                     f"| {x_fused} |")
     if limit:
         lines += ["", "× limit: median / the limit program's median (bench/limits.py: the same GRU math "
                   "written by hand as one jax function with optax.adam; a fused-Adam row shows its ratio to it). "

@@ -59,8 +59,8 @@ class OnlineLearner:
 
     The state crosses the compiled call as a few buffers: small leaves packed per dtype, leaves
     of at least ``standalone`` elements (weights, moments, traces) as buffers of their own.
-    ``donate=True`` lets XLA reuse the standalone input buffers. Default: on with a readout (it saves a
-    copy of the RLS matrix and of frozen weights every step: 263 -> 169 us for a 200-unit
+    ``donate=True`` lets XLA reuse the standalone input buffers. Default: on with a readout (it
+    saves a copy of the RLS matrix and of frozen weights every step: 263 -> 169 us for a 200-unit
     reservoir), with slots (64 x GRU-64 ES-D-RTRL 0.84x, D-RTRL 0.92x the time) and with an
     optimizer that updates in place (``adam``, the default: GRU-256 D-RTRL one slot 0.82x the
     time; with ``optax.adam`` one slot measured within noise for GRU-64 and slower for GRU-256,
@@ -104,7 +104,8 @@ class OnlineLearner:
         self.horizon = self.cfg.horizon
         self.slots, self.n = slots, slots or 1
         self.per_slot = slots is not None and not shared_weights
-        self.donate = (readout is not None or slots is not None or self.fns.in_place) if donate is None else bool(donate)
+        self.donate = bool(donate) if donate is not None else (
+            readout is not None or slots is not None or self.fns.in_place)
         self._signature_extra = {"algorithm": self.algo.name, "decay": getattr(self.algo, "decay", None),
                                  "mode": mode, "learn_every": learn_every, "slots": slots,
                                  "shared_weights": bool(shared_weights) or slots is None, "reduce": reduce,
