@@ -32,6 +32,20 @@ class StepResult:
     applied: bool | np.ndarray  # an optimizer update was applied (per slot with per-slot weights)
 
 
+class _SplitCall:
+    """A compiled ``fn(small, alone, *args)`` called as ``fn(buffers, *args)``; its other
+    attributes (``as_text``, ``cost_analysis``, ...) are the compiled program's."""
+
+    def __init__(self, compiled, n: int):
+        self.compiled, self.n = compiled, n
+
+    def __call__(self, buffers, *args):
+        return self.compiled(buffers[:self.n], buffers[self.n:], *args)
+
+    def __getattr__(self, name):
+        return getattr(self.compiled, name)
+
+
 class OnlineLearner:
     """Online learning, one step per call.
 
@@ -327,8 +341,7 @@ class OnlineLearner:
             return jax.jit(fn).lower(self.buffers, *args).compile(options)
         n = len(self.layout.dtypes)
         split = jax.jit(lambda small, alone, *a: fn(small + alone, *a), donate_argnums=(1,))
-        compiled = split.lower(self.buffers[:n], self.buffers[n:], *args).compile(options)
-        return lambda buffers, *a: compiled(buffers[:n], buffers[n:], *a)
+        return _SplitCall(split.lower(self.buffers[:n], self.buffers[n:], *args).compile(options), n)
 
     def compiled_subset(self, m: int, k: int = 1):
         """The AOT-compiled steps of m slots, up to k steps per call (see ``_fn_subset``).
