@@ -27,6 +27,9 @@ CASES = {
                                       readout=st.rls(lam=0.99, delta=1e-2), learn_every=2),
     "shared-forecast-horizon": dict(algorithm="d-rtrl", mode=st.Forecast(horizon=2), shared_weights=True,
                                     learn_every=3),
+    # most per-slot leaves (the step counters too) standalone, a few still packed: both ways
+    # of reading and writing a subset's rows (learner/subset.py)
+    "per-slot-mostly-standalone": dict(algorithm="d-rtrl", mode="forecast", shared_weights=False, standalone=8),
 }
 
 

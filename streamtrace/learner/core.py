@@ -18,8 +18,9 @@ from .describe import describe_model, describe_optimizer
 from .groups import ParamGroups
 from .losses import get_loss
 from .modes import Forecast
-from .packing import Layout
+from .packing import Layout, path_name
 from .step import COUNTERS, StepConfig, StepFunctions
+from .subset import SlotRows
 from .xla_options import step_compiler_options
 
 __all__ = ["OnlineLearner", "StepResult"]
@@ -293,16 +294,17 @@ class OnlineLearner:
 
     def _fn_subset(self):
         """Steps of m of the N slots: (buffers, idx (m,), count, xs, ys, active, learn) with
-        xs (K, m, ...): the first ``count`` (<= K) steps run. The m slots' state is gathered,
-        stepped and scattered back; the other slots are not read or written, so a call costs
-        m slots, not N. Equal to the full step with only those slots active
-        (tests/test_slot_subset.py)."""
+        xs (K, m, ...): the first ``count`` (<= K) steps run. The m slots' state is read from
+        the buffers (one gather per packed buffer, see subset.py), stepped and written back;
+        the other slots are not read or written, so a call costs m slots, not N. Equal to the
+        full step with only those slots active (tests/test_slot_subset.py)."""
         layout, n = self.layout, self.n
+        rows = SlotRows(layout, self._slot_names(), n)
 
         def fn(buffers, idx, count, xs, ys, active, learn):
-            full = layout.unpack(buffers)
-            part = self._slot_part(full)
-            state = self._with_slot_part(full, jax.tree_util.tree_map(lambda a: a[idx], part))
+            got = rows.gather(buffers, idx)
+            full = layout.treedef.flatten_up_to(layout.unpack(buffers))
+            state = jax.tree_util.tree_unflatten(layout.treedef, [got.get(k, v) for k, v in zip(layout.names, full)])
             one = jax.eval_shape(lambda s: self._steps(s, None, xs[0], ys[0], active[0], learn[0])[1], state)
             vecs = jnp.zeros((xs.shape[0],) + one.shape, one.dtype)
 
@@ -314,13 +316,17 @@ class OnlineLearner:
             # the m gathered slots from there (a fused gather out of the N-slot buffers would
             # make XLA copy those whole before writing back into them)
             state, vecs = jax.lax.fori_loop(0, count, body, (state, vecs))
-            new = jax.tree_util.tree_map(lambda a, b: a.at[idx].set(b), part, self._slot_part(state))
+            out = rows.scatter(buffers, idx, dict(zip(layout.names, layout.treedef.flatten_up_to(state))))
             if self.per_slot:     # every slot counts every call as a step, as in the full step
                 others = jnp.ones(n, jnp.int32).at[idx].set(0)
-                c = new["stats"]["counters"]
-                new = {**new, "stats": {**new["stats"], "counters": c.at[:, COUNTERS.index("step")].add(count * others)}}
-            return layout.pack(self._with_slot_part(state, new)), vecs
+                out = rows.add_to_column(out, "stats.counters", COUNTERS.index("step"), count * others)
+            return out, vecs
         return fn
+
+    def _slot_names(self) -> list[str]:
+        """The names of the per-slot leaves (``_slot_part``) in the state."""
+        part = self._slot_part(jax.tree_util.tree_unflatten(self.layout.treedef, list(self.layout.names)))
+        return [path_name(kp) for kp, _ in jax.tree_util.tree_flatten_with_path(part)[0]]
 
     def compiled(self, k: int | None = None):
         """The AOT-compiled packed step (cached per micro-batch size)."""
