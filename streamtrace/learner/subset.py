@@ -11,6 +11,7 @@ so its arithmetic (and its answers, bit for bit) is unchanged.
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 
 from .packing import Layout
 
@@ -37,9 +38,16 @@ class SlotRows:
 
     def _index(self, b, idx):
         """Flat positions of the slots ``idx`` (m,) in packed buffer b, leaf by leaf, each
-        leaf's block (m, per-slot size) in slot order."""
-        return jnp.concatenate([(self._start(s) + idx[:, None] * per + jnp.arange(per)[None, :]).ravel()
-                                for s, per in self.packed[b]])
+        leaf's block (m, per-slot size) in slot order: start + idx[slot] * size + offset,
+        the static parts as constants, so the positions are one small kernel."""
+        m = idx.shape[0]
+        base, which, scale = [], [], []
+        for s, per in self.packed[b]:
+            base.append(np.tile(self._start(s) + np.arange(per), m))
+            which.append(np.repeat(np.arange(m), per))
+            scale.append(np.full(m * per, per))
+        base, which, scale = (np.concatenate(v).astype(np.int32) for v in (base, which, scale))
+        return base + idx[which] * scale
 
     def gather(self, buffers, idx) -> dict:
         """{leaf name: (m, ...) array} for every per-slot leaf, packed or standalone."""
