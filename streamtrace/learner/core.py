@@ -18,7 +18,7 @@ from .describe import describe_model, describe_optimizer
 from .groups import ParamGroups
 from .losses import get_loss
 from .modes import Forecast
-from .packing import Layout, path_name
+from .packing import Layout
 from .step import COUNTERS, StepConfig, StepFunctions
 from .subset import SlotRows
 from .xla_options import step_compiler_options
@@ -324,9 +324,9 @@ class OnlineLearner:
         return fn
 
     def _slot_names(self) -> list[str]:
-        """The names of the per-slot leaves (``_slot_part``) in the state."""
-        part = self._slot_part(jax.tree_util.tree_unflatten(self.layout.treedef, list(self.layout.names)))
-        return [path_name(kp) for kp, _ in jax.tree_util.tree_flatten_with_path(part)[0]]
+        """The names of the per-slot leaves (``_slot_part`` of the state with its names as leaves)."""
+        return jax.tree_util.tree_leaves(self._slot_part(jax.tree_util.tree_unflatten(
+            self.layout.treedef, list(self.layout.names))))
 
     def compiled(self, k: int | None = None):
         """The AOT-compiled packed step (cached per micro-batch size)."""
