@@ -76,7 +76,7 @@ class SlotRows:
                 pos.append(self._index(b, idx))
                 val += [jnp.ravel(named[s.name]) for s, _ in self.packed[b]]
             for s in self.shared.get(b, []):
-                pos.append(self._start(s) + jnp.arange(s.size))
+                pos.append(self._start(s) + np.arange(s.size, dtype=np.int32))
                 val.append(jnp.ravel(named[s.name]))
             if pos:
                 flat = buffers[b].reshape(-1)
