@@ -206,7 +206,7 @@ class OnlineLearner:
             lead = v.shape[:-2]
             flat = v.reshape(lead + (-1,))
             for slot in pl.slots:
-                start = slot.row * pl.widths[0]
+                start = pl.offset(slot)
                 out[f"{name}.{slot.name}"] = flat[..., start:start + slot.size].reshape(lead + slot.shape)
         return out
 
@@ -221,7 +221,7 @@ class OnlineLearner:
                 lead = shape[:-2]
                 flat = np.zeros(lead + (int(np.prod(shape[-2:])),), dtype)
                 for p in pl.slots:
-                    start = p.row * pl.widths[0]
+                    start = pl.offset(p)
                     flat[..., start:start + p.size] = np.asarray(named[f"{name}.{p.name}"]).reshape(lead + (-1,))
                 out[name] = flat.reshape(shape)
         return out

@@ -118,6 +118,10 @@ class Layout:
     def names(self) -> tuple[str, ...]:
         return tuple(self._all_names)
 
+    def offset(self, slot: _Slot) -> int:
+        """Where a packed leaf starts in its buffer, flattened."""
+        return slot.row * self.widths[slot.buffer]
+
     def _split(self, leaves):
         return [leaves[i] for i in self._packed_index], [leaves[i] for i in self.alone]
 

@@ -26,17 +26,14 @@ class SlotRows:
     def __init__(self, layout: Layout, names, n: int):
         self.layout, self.n = layout, n
         names = set(names)
-        self.packed = {}     # buffer -> [(_Slot, per-slot size)] of its per-slot leaves
-        self.shared = {}     # buffer -> [_Slot] of its other leaves
+        self.slotted = {}    # packed buffer -> [(_Slot, per-slot size)] of its per-slot leaves
+        self.shared = {}     # packed buffer -> [_Slot] of its other leaves
         for s in layout.slots:
             if s.name in names:
-                self.packed.setdefault(s.buffer, []).append((s, s.size // n))
+                self.slotted.setdefault(s.buffer, []).append((s, s.size // n))
             else:
                 self.shared.setdefault(s.buffer, []).append(s)
-        self.alone = {k: name in names for k, name in enumerate(layout.alone_names)}
-
-    def _start(self, s):
-        return s.row * self.layout.widths[s.buffer]
+        self.alone = [name in names for name in layout.alone_names]   # standalone and per-slot
 
     def _index(self, b, idx):
         """Flat positions of the slots ``idx`` (m,) in packed buffer b, leaf by leaf, each
@@ -44,8 +41,8 @@ class SlotRows:
         the static parts as constants, so the positions are one small kernel."""
         m = idx.shape[0]
         base, which, scale = [], [], []
-        for s, per in self.packed[b]:
-            base.append(np.tile(self._start(s) + np.arange(per), m))
+        for s, per in self.slotted[b]:
+            base.append(np.tile(self.layout.offset(s) + np.arange(per), m))
             which.append(np.repeat(np.arange(m), per))
             scale.append(np.full(m * per, per))
         base, which, scale = (np.concatenate(v).astype(np.int32) for v in (base, which, scale))
@@ -54,7 +51,7 @@ class SlotRows:
     def gather(self, buffers, idx) -> dict:
         """{leaf name: (m, ...) array} for every per-slot leaf, packed or standalone."""
         m, out = idx.shape[0], {}
-        for b, leaves in self.packed.items():
+        for b, leaves in self.slotted.items():
             flat = buffers[b].reshape(-1)[self._index(b, idx)]
             at = 0
             for s, per in leaves:
@@ -72,11 +69,11 @@ class SlotRows:
         n_packed, out = len(self.layout.dtypes), list(buffers)
         for b in range(n_packed):
             pos, val = [], []
-            if b in self.packed:
+            if b in self.slotted:
                 pos.append(self._index(b, idx))
-                val += [jnp.ravel(named[s.name]) for s, _ in self.packed[b]]
+                val += [jnp.ravel(named[s.name]) for s, _ in self.slotted[b]]
             for s in self.shared.get(b, []):
-                pos.append(self._start(s) + np.arange(s.size, dtype=np.int32))
+                pos.append(self.layout.offset(s) + np.arange(s.size, dtype=np.int32))
                 val.append(jnp.ravel(named[s.name]))
             if pos:
                 flat = buffers[b].reshape(-1)
@@ -91,11 +88,11 @@ class SlotRows:
     def add_to_column(self, buffers, name: str, col: int, values) -> tuple:
         """Add ``values`` (N,) to column ``col`` of the per-slot leaf ``name`` (N, C)."""
         out = list(buffers)
-        for b, leaves in self.packed.items():
+        for b, leaves in self.slotted.items():
             for s, per in leaves:
                 if s.name == name:
                     flat = out[b].reshape(-1)
-                    pos = self._start(s) + jnp.arange(self.n) * per + col
+                    pos = self.layout.offset(s) + jnp.arange(self.n) * per + col
                     out[b] = flat.at[pos].add(values.astype(flat.dtype)).reshape(out[b].shape)
                     return tuple(out)
         k = self.layout.alone_names.index(name)
