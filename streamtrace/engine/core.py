@@ -272,10 +272,10 @@ class EngineCore:
             self.save_checkpoint()
         L, supervised = self.learner, self.cfg.learning.mode == "supervised"
         if m is None:
-            xs, ys, active, learn = self._inputs(count, L.n)
+            call, (xs, ys, active, learn) = self._inputs(count)
             pos = [st.slot for st in busy]
         else:
-            xs, ys, active, learn = self._inputs(self.cfg.engine.micro_batch, m)
+            call, (xs, ys, active, learn) = self._inputs(self.cfg.engine.micro_batch, m)
             busy.sort(key=lambda st: st.slot)   # slot order: shared weights sum as the full call does
             pos = list(range(len(busy)))
             idx = self._subset_index(m, busy)
@@ -297,9 +297,9 @@ class EngineCore:
             rows = L.step_subset_unchecked(idx, count, xs, ys, active, learn)
             results = [L.decode(rows[j], m=m) for j in range(count)]
         elif count > 1:
-            results = L.decode(L.step_unchecked(xs, ys, active, learn, count), count)
+            results = L.decode(L.step_unchecked(*call, count), count)
         else:
-            results = [L.decode(L.step_unchecked(xs[0], ys[0], active[0], learn[0]))]
+            results = [L.decode(L.step_unchecked(*call))]
         self.steps += len(taken)
         self._since_publish += len(taken)
         self._since_ckpt += len(taken)
@@ -334,19 +334,27 @@ class EngineCore:
             used += [s for s in range(self.learner.n) if s not in taken][:m - len(used)]
         return np.array(used, np.int32)
 
-    def _inputs(self, k, n):
-        """Reusable input arrays for a call of k steps of n slots (all slots, or a subset);
-        the learner copies them at the call. Masks cleared, stale x/y of inactive slots are
-        ignored by the step."""
-        bufs = self._input_cache.get((k, n))
-        if bufs is None:
+    def _inputs(self, k, m=None):
+        """The input arrays of a call of k steps of all slots (m None) or of an m-slot subset:
+        (the arrays to pass, the (k, slots, ...) arrays to fill). They are views of the buffer
+        the program's inputs cross in (learner/inputs.py), so filled here they are passed
+        without a copy. Masks cleared; stale x/y of inactive slots are ignored by the step."""
+        views = self._input_cache.get((k, m))
+        if views is None:
             L = self.learner
-            bufs = self._input_cache[(k, n)] = (np.zeros((k, n) + self.x_shape, L.x_dtype),
-                                                np.zeros((k, n) + self.y_shape, L.y_dtype),
-                                                np.zeros((k, n), bool), np.zeros((k, n), bool))
-        bufs[2].fill(False)
-        bufs[3].fill(False)
-        return bufs
+            if m is not None:
+                call = L.compiled_subset(m, k).inputs.views[2:]
+                views = (call, call)
+            elif k == 1:       # the one-step program's inputs have no step axis: fill them as (1, ...)
+                call = L.compiled().inputs.views
+                views = (call, tuple(v[None] for v in call))
+            else:
+                call = L.compiled(k).inputs.views
+                views = (call, call)
+            self._input_cache[(k, m)] = views
+        views[1][2].fill(False)
+        views[1][3].fill(False)
+        return views
 
     # ---- weights ------------------------------------------------------------------------
     def weights_message(self, kind: str) -> bytes:

@@ -16,6 +16,7 @@ from .algorithms import make_algorithm
 from .checkpoint import read_checkpoint, write_checkpoint
 from .describe import describe_model, describe_optimizer
 from .groups import ParamGroups
+from .inputs import PackedInputs
 from .losses import get_loss
 from .modes import Forecast
 from .packing import Layout
@@ -33,15 +34,20 @@ class StepResult:
     applied: bool | np.ndarray  # an optimizer update was applied (per slot with per-slot weights)
 
 
-class _SplitCall:
-    """A compiled ``fn(small, alone, *args)`` called as ``fn(buffers, *args)``; its other
-    attributes (``as_text``, ``cost_analysis``, ...) are the compiled program's."""
+class _Call:
+    """A compiled step ``fn(small, alone, io)`` (or ``fn(buffers, io)``) called as
+    ``fn(buffers, *inputs)``: the inputs cross as one packed buffer (see inputs.py);
+    ``inputs.views`` are arrays a caller may fill in place. Its other attributes (``as_text``,
+    ``cost_analysis``, ...) are the compiled program's."""
 
-    def __init__(self, compiled, n: int):
-        self.compiled, self.n = compiled, n
+    def __init__(self, compiled, inputs: PackedInputs, n: int | None):
+        self.compiled, self.inputs, self.n = compiled, inputs, n
 
     def __call__(self, buffers, *args):
-        return self.compiled(buffers[:self.n], buffers[self.n:], *args)
+        io = self.inputs.pack(*args)
+        if self.n is None:
+            return self.compiled(buffers, io)
+        return self.compiled(buffers[:self.n], buffers[self.n:], io)
 
     def __getattr__(self, name):
         return getattr(self.compiled, name)
@@ -339,15 +345,18 @@ class OnlineLearner:
         return step_compiler_options(slots, leaf_guards=self.fns.opt is not None and not self.fns.in_place)
 
     def _donating(self, fn, args, options):
-        """``fn(buffers, *args)`` compiled; with ``donate`` the standalone buffers (weights,
-        moments, traces, an RLS matrix) are donated, the few packed small ones are not: XLA
-        reads and rewrites those in one program, so donated it copies them first, and the
-        copy reorders a small step (LIF-256, one slot: 38 -> 48 us donated whole, 40 us so)."""
+        """``fn(buffers, *args)`` compiled as a ``_Call`` taking its args packed; with ``donate``
+        the standalone buffers (weights, moments, traces, an RLS matrix) are donated, the few
+        packed small ones are not: XLA reads and rewrites those in one program, so donated it
+        copies them first, and the copy reorders a small step (LIF-256, one slot: 38 -> 48 us
+        donated whole, 40 us so)."""
+        inputs = PackedInputs(args)
         if not self.donate:
-            return jax.jit(fn).lower(self.buffers, *args).compile(options)
+            run = jax.jit(lambda buffers, io: fn(buffers, *inputs.unpack(io)))
+            return _Call(run.lower(self.buffers, inputs.buffer).compile(options), inputs, None)
         n = len(self.layout.dtypes)
-        split = jax.jit(lambda small, alone, *a: fn(small + alone, *a), donate_argnums=(1,))
-        return _SplitCall(split.lower(self.buffers[:n], self.buffers[n:], *args).compile(options), n)
+        split = jax.jit(lambda small, alone, io: fn(small + alone, *inputs.unpack(io)), donate_argnums=(1,))
+        return _Call(split.lower(self.buffers[:n], self.buffers[n:], inputs.buffer).compile(options), inputs, n)
 
     def compiled_subset(self, m: int, k: int = 1):
         """The AOT-compiled steps of m slots, up to k steps per call (see ``_fn_subset``).
@@ -358,8 +367,9 @@ class OnlineLearner:
         key = ("subset", m, k)
         if key not in self._compiled:
             x, y, a = self._example_inputs(k, m)
-            self._compiled[key] = jax.jit(self._fn_subset(), donate_argnums=(0,)).lower(
-                self.buffers, np.zeros(m, np.int32), np.int32(1), x, y, a, a).compile(self._options(m))
+            fn, inputs = self._fn_subset(), PackedInputs((np.zeros(m, np.int32), np.int32(1), x, y, a, a))
+            run = jax.jit(lambda buffers, io: fn(buffers, *inputs.unpack(io)), donate_argnums=(0,))
+            self._compiled[key] = _Call(run.lower(self.buffers, inputs.buffer).compile(self._options(m)), inputs, None)
         return self._compiled[key]
 
     def _example_inputs(self, k, n=None):
