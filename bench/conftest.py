@@ -58,7 +58,7 @@ def record(benchmark, request):
         benchmark.group = group
         benchmark.extra_info.update(info)
         benchmark.pedantic(fn, rounds=rounds, iterations=1, warmup_rounds=10)
-        data = np.asarray(benchmark.stats.stats.data) * 1e6
+        data = np.asarray(benchmark.stats.stats.data) * 1e6 / info.get("per_call", 1)   # per step
         RESULTS.append({"group": group, "name": name, "median_us": float(np.median(data)),
                         "p99_us": float(np.percentile(data, 99)), "rounds": len(data), **info})
     return run
@@ -75,7 +75,7 @@ def pytest_sessionfinish(session, exitstatus):
              "| benchmark | median µs | p99 µs | × floor (median) | × reference (median) | × limit (median) "
              "| × fused-Adam limit |",
              "|---|---:|---:|---:|---:|---:|---:|"]
-    key_of = lambda r: (r.get("model"), r.get("algorithm"), r.get("slots"))
+    key_of = lambda r: (r.get("model"), r.get("algorithm"), r.get("slots"), r.get("per_call", 1))
     ref = {key_of(r): r for r in RESULTS if r["group"] == "reference"}
     # the yardstick: the limit program with optax's Adam (the learner's default st.adam has its
     # arithmetic); beside it the limit with a hand-fused Adam, for the learner's rows

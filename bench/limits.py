@@ -157,16 +157,21 @@ def random_gru_params(n_in: int, hidden: int, n_out: int, seed: int = 0, dtype=n
 
 
 def make_limit_step(n_in: int, hidden: int, n_out: int, algorithm: str, slots: int | None = None, *,
-                    adam: str = "optax", donate: bool = True, seed: int = 0):
+                    adam: str = "optax", donate: bool = True, seed: int = 0, steps: int = 1):
     """``step()``: one limit step on fixed random x/y (numpy, as the benchmark feeds the learner),
-    waiting for the prediction, as bench/test_step_latency.py times the learner."""
+    waiting for the prediction, as bench/test_step_latency.py times the learner. ``steps`` > 1:
+    that many steps per call, a scan over queued inputs (as the learner's micro-batch)."""
     n = slots or 1
     fn = make_limit_fn(n_in, algorithm, adam=adam)
+    if steps > 1:
+        one = fn
+        fn = lambda state, xs, ys: jax.lax.scan(lambda s, xy: one(s, *xy), state, (xs, ys))  # noqa: E731
     state = init_limit_state(random_gru_params(n_in, hidden, n_out, seed), n, algorithm, adam=adam)
     state = jax.tree_util.tree_map(lambda v: jnp.array(v, copy=True), state)  # donated: no shared zeros
     rng = np.random.default_rng(seed)
-    x = rng.normal(size=(n, n_in)).astype(np.float32)
-    y = rng.normal(size=(n, n_out)).astype(np.float32)
+    lead = (steps,) if steps > 1 else ()
+    x = rng.normal(size=lead + (n, n_in)).astype(np.float32)
+    y = rng.normal(size=lead + (n, n_out)).astype(np.float32)
     # compiled with the default learner's XLA options (st.adam: no per-leaf guards, any slot
     # count): the ratio compares programs, not settings
     compiled = jax.jit(fn, donate_argnums=(0,) if donate else ()).lower(state, x, y).compile(

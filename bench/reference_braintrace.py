@@ -102,7 +102,7 @@ def _build_model(kind: str, n_in: int, n_hidden: int, n_out: int, readout: str, 
 def make_step(kind: str, n_in: int, n_hidden: int, n_out: int, algorithm: str,
               batch: int | None = None, seed: int = 0, *, readout: str | None = None,
               decay: float = 0.9, gain: float = 2.0, vjp_method: str = "single-step",
-              lr: float = 1e-3):
+              lr: float = 1e-3, steps: int = 1):
     """Return ``(step, x, y)``: ``step()`` runs ONE braintrace online learning step on x/y.
 
     ``step()`` runs the model forward through the braintrace learner (advancing hidden states
@@ -115,6 +115,8 @@ def make_step(kind: str, n_in: int, n_hidden: int, n_out: int, algorithm: str,
     ``(n_in,)``); ``batch=B`` initialises batched states (braintrace's in-graph batch axis,
     x has shape ``(B, n_in)``). ``readout`` defaults to "linear" for "gru" and "leaky" for the
     neuron kinds, as in streamtrace's ``Stack``. ``decay`` is es-d-rtrl's ``decay_or_rank``.
+    ``steps`` > 1: ``step()`` runs that many online steps in one jit, a
+    ``brainstate.transform.for_loop`` over stacked x/y (x and y get a leading steps axis).
 
     For inspection, ``step`` carries ``learner``, ``model``, ``weights`` (path -> ParamState)
     and ``compile_warnings`` (braintrace's compile-time warnings, as strings).
@@ -165,7 +167,6 @@ def make_step(kind: str, n_in: int, n_hidden: int, n_out: int, algorithm: str,
 
     grad_fn = brainstate.transform.grad(loss_fn, weights, return_value=True)
 
-    @brainstate.transform.jit
     def _online_step(x_, y_):
         with brainstate.environ.context(dt=DT):  # read at trace time by the neurons
             grads, loss = grad_fn(x_, y_)
@@ -177,8 +178,14 @@ def make_step(kind: str, n_in: int, n_hidden: int, n_out: int, algorithm: str,
         opt_state.value = new_opt_state
         return loss
 
+    if steps > 1:
+        x, y = jnp.stack([x] * steps), jnp.stack([y] * steps)
+        run = brainstate.transform.jit(lambda xs, ys: brainstate.transform.for_loop(_online_step, xs, ys))
+    else:
+        run = brainstate.transform.jit(_online_step)
+
     def step():
-        return jax.block_until_ready(_online_step(x, y))
+        return jax.block_until_ready(run(x, y))
 
     step.learner, step.model, step.weights = learner, model, weights
     step.compile_warnings = compile_warnings

@@ -25,16 +25,17 @@ def test_dispatch_floor(record):
     record("floor", "jax dispatch floor", lambda: np.asarray(f(x)))
 
 
-def _step_fn(kind, hidden, algo, slots):
+def _step_fn(kind, hidden, algo, slots, steps=1):
     # the default optimizer, st.adam(1e-3): optax.adam's arithmetic, applied in place
     learner = st.OnlineLearner(st.nn.Stack(kind, N_IN, hidden, N_OUT), np.zeros(N_IN, np.float32),
                                algorithm=algo, lr=1e-3, slots=slots)
-    compiled = learner.compiled()
-    lead = () if slots is None else (slots,)
+    compiled = learner.compiled(steps if steps > 1 else None)
+    queued = () if steps == 1 else (steps,)
+    lead = queued + (() if slots is None else (slots,))
     rng = np.random.default_rng(0)
     x = rng.normal(size=lead + (N_IN,)).astype(np.float32)
     y = rng.normal(size=lead + (N_OUT,)).astype(np.float32)
-    active = np.ones(learner.n, bool)
+    active = np.ones(queued + (learner.n,), bool)
     box = [learner.buffers]
 
     def step():
@@ -76,3 +77,29 @@ def test_reference_step(record, kind, hidden, algo, slots):
     # batch=B: braintrace's in-graph batch of B samples, the counterpart of B slots
     record("reference", f"braintrace {kind.upper()}-{hidden} {algo} {'B=' + str(slots) if slots else '1 slot'}", step,
            model=f"{kind}{hidden}", algorithm=algo, slots=slots or 1)
+
+
+# Sustained load: a stream with queued steps is stepped up to engine.micro_batch (8) steps per
+# call (a scan), so its throughput is the per-step cost inside such a call. Timed per step, each
+# side in its own multi-step form: the learner's micro-batch, the limit in a scan, braintrace's
+# step in a brainstate for_loop (its one-step call is mostly per-call overhead).
+STEPS = 8
+BATCHED = [(64, "es-d-rtrl", 64), (256, "es-d-rtrl", None), (64, "d-rtrl", None)]
+
+
+@pytest.mark.parametrize("side", ["streamtrace", "limit", "reference"])
+@pytest.mark.parametrize("hidden,algo,slots", BATCHED, ids=[f"gru{h}-{a}-{s or 1}" for h, a, s in BATCHED])
+def test_steps_per_call(record, side, hidden, algo, slots):
+    info = dict(model=f"gru{hidden}", algorithm=algo, slots=slots or 1, per_call=STEPS)
+    where = f"{slots or 1} slot(s), {STEPS} steps per call, per step"
+    if side == "streamtrace":
+        step, name = _step_fn("gru", hidden, algo, slots, STEPS), f"streamtrace GRU-{hidden} {algo} {where}"
+    elif side == "limit":
+        step = make_limit_step(N_IN, hidden, N_OUT, algo, slots, steps=STEPS)
+        name, info["adam"] = f"limit GRU-{hidden} {algo} {where}, optax Adam", "optax"
+    else:
+        if not REFERENCE:
+            pytest.skip("reference library braintrace not installed (pip install '.[bench]')")
+        step, _, _ = make_step("gru", N_IN, hidden, N_OUT, algo, batch=slots, steps=STEPS)
+        name = f"braintrace GRU-{hidden} {algo} {'B=' + str(slots) if slots else '1 slot'}, {STEPS} steps per call, per step"
+    record(side, name, step, **info)
