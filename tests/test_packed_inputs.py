@@ -39,6 +39,18 @@ def test_filled_views_are_the_buffer_and_other_arrays_are_copied_in():
     assert not packed.buffer.any()
 
 
+def test_a_wrong_shape_or_count_is_refused_not_broadcast_and_the_buffer_is_kept():
+    x, mask = np.arange(8, dtype=np.float32).reshape(2, 4), np.array([True, False])
+    packed = PackedInputs([x, mask])
+    packed.pack(x, mask)
+    before = packed.buffer.copy()
+    with pytest.raises(ValueError, match=r"input 0 has shape \(4,\).*\(2, 4\)"):
+        packed.pack(x[0], mask)            # numpy alone would broadcast it into both rows
+    with pytest.raises(TypeError, match="takes 2 inputs; got 1"):
+        packed.pack(x)
+    assert np.array_equal(packed.buffer, before)
+
+
 def test_float64_input_without_x64_crosses_as_jax_would_convert_it():
     x = np.array([0.1, 1 / 3, 1e-40], np.float64)     # not exact in float32; 1e-40 subnormal there
     packed = PackedInputs([x])

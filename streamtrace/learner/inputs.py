@@ -37,9 +37,14 @@ class PackedInputs:
                            for (shape, dt), off in zip(self.specs, self.offsets))
 
     def pack(self, *arrays) -> np.ndarray:
-        """The buffer holding ``arrays`` (the views themselves are not copied)."""
-        for view, a in zip(self.views, arrays):
+        """The buffer holding ``arrays`` (the views themselves are not copied). Shapes must
+        match exactly (a compiled program would refuse others; numpy would broadcast them)."""
+        if len(arrays) != len(self.views):
+            raise TypeError(f"the program takes {len(self.views)} inputs; got {len(arrays)}")
+        for i, (view, a) in enumerate(zip(self.views, arrays)):
             if a is not view:
+                if np.shape(a) != view.shape:
+                    raise ValueError(f"input {i} has shape {np.shape(a)}, the program was compiled for {view.shape}")
                 view[...] = a
         return self.buffer
 
