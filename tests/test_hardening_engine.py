@@ -267,6 +267,26 @@ def test_an_evicted_stream_resumes_exactly_where_it_left_off():
     assert all(g["loss"] is not None for g in got[1:])
 
 
+def test_idle_streams_free_their_slots_and_forget_their_stats():
+    """A stream idle past engine.idle_timeout_s gives its slot to a newcomer (whose slot is
+    reset), and its per-stream loss leaves the stats."""
+    now = [0.0]
+    cfg = load_config(None, {"model": {"n_hidden": 4}, "learning": {"mode": "forecast"},
+                             "engine": {"slots": 1, "idle_timeout_s": 10.0}, "publish": {"weights_every": 0}})
+    core = EngineCore(cfg, clock=lambda: now[0])
+    for i in range(3):
+        assert core.ingest(wire.data_message("old", i, np.float32([0.5 * i])), b"o") == []
+        core.tick()
+    assert "old" in core.metrics.stream_loss
+    refused = core.ingest(wire.data_message("new", 0, np.float32([1.0])), b"o")
+    assert [wire.decode(raw)["code"] for kind, _, raw in refused if kind == "reply"] == ["no_slot"]
+    now[0] = 11.0
+    assert core.ingest(wire.data_message("new", 0, np.float32([1.0])), b"o") == []
+    assert set(core.streams) == {"new"} and "old" not in core.metrics.stream_loss
+    h = core.learner.state_dict()["hidden.cell.h"]
+    assert np.all(h == 0), "the newcomer's slot starts from a fresh hidden state"
+
+
 def test_after_park_expiry_a_stream_starts_fresh_and_its_seq_restarts():
     now = [0.0]
     core = core_for("forecast", clock=lambda: now[0], idle_timeout_s=10.0, park_s=30.0, slots=1)

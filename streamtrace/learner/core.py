@@ -345,18 +345,22 @@ class OnlineLearner:
         return step_compiler_options(slots, leaf_guards=self.fns.opt is not None and not self.fns.in_place)
 
     def _donating(self, fn, args, options):
-        """``fn(buffers, *args)`` compiled as a ``_Call`` taking its args packed; with ``donate``
-        the standalone buffers (weights, moments, traces, an RLS matrix) are donated, the few
-        packed small ones are not: XLA reads and rewrites those in one program, so donated it
-        copies them first, and the copy reorders a small step (LIF-256, one slot: 38 -> 48 us
-        donated whole, 40 us so)."""
+        """``fn(buffers, *args)`` compiled; with ``donate`` the standalone buffers (weights,
+        moments, traces, an RLS matrix) are donated, the few packed small ones are not: XLA
+        reads and rewrites those in one program, so donated it copies them first, and the
+        copy reorders a small step (LIF-256, one slot: 38 -> 48 us donated whole, 40 us so)."""
+        return self._packed(fn, args, options, split=self.donate)
+
+    def _packed(self, fn, args, options, *, split=False, donate=False):
+        """``fn(buffers, *args)`` compiled as a ``_Call`` whose args cross as one packed buffer;
+        ``split``: the standalone buffers donated, the packed small ones not; ``donate``: all."""
         inputs = PackedInputs(args)
-        if not self.donate:
-            run = jax.jit(lambda buffers, io: fn(buffers, *inputs.unpack(io)))
-            return _Call(run.lower(self.buffers, inputs.buffer).compile(options), inputs, None)
-        n = len(self.layout.dtypes)
-        split = jax.jit(lambda small, alone, io: fn(small + alone, *inputs.unpack(io)), donate_argnums=(1,))
-        return _Call(split.lower(self.buffers[:n], self.buffers[n:], inputs.buffer).compile(options), inputs, n)
+        if split:
+            n = len(self.layout.dtypes)
+            run = jax.jit(lambda small, alone, io: fn(small + alone, *inputs.unpack(io)), donate_argnums=(1,))
+            return _Call(run.lower(self.buffers[:n], self.buffers[n:], inputs.buffer).compile(options), inputs, n)
+        run = jax.jit(lambda buffers, io: fn(buffers, *inputs.unpack(io)), donate_argnums=(0,) if donate else ())
+        return _Call(run.lower(self.buffers, inputs.buffer).compile(options), inputs, None)
 
     def compiled_subset(self, m: int, k: int = 1):
         """The AOT-compiled steps of m slots, up to k steps per call (see ``_fn_subset``).
@@ -367,9 +371,8 @@ class OnlineLearner:
         key = ("subset", m, k)
         if key not in self._compiled:
             x, y, a = self._example_inputs(k, m)
-            fn, inputs = self._fn_subset(), PackedInputs((np.zeros(m, np.int32), np.int32(1), x, y, a, a))
-            run = jax.jit(lambda buffers, io: fn(buffers, *inputs.unpack(io)), donate_argnums=(0,))
-            self._compiled[key] = _Call(run.lower(self.buffers, inputs.buffer).compile(self._options(m)), inputs, None)
+            self._compiled[key] = self._packed(self._fn_subset(), (np.zeros(m, np.int32), np.int32(1), x, y, a, a),
+                                               self._options(m), donate=True)
         return self._compiled[key]
 
     def _example_inputs(self, k, n=None):
