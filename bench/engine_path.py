@@ -44,6 +44,14 @@ def timed(spans, name, fn):
     return wrapper
 
 
+def timed_call(spans, name, call):
+    """``timed`` for a compiled step: the wrapper keeps the step's packed input views, which
+    the engine fills in place (learner/inputs.py)."""
+    wrapper = timed(spans, name, call)
+    wrapper.inputs = call.inputs
+    return wrapper
+
+
 def python_only(cfg, n=20000, repeats=5):
     """Median over ``repeats`` blocks of the per-message median of ingest + tick, in us."""
     from streamtrace import wire
@@ -111,7 +119,7 @@ def main(argv=None):
     core._accept = timed(spans, "route", core._accept)
     core._inputs = timed(spans, "batch", core._inputs)
     compiled = L.compiled
-    L.compiled = lambda k=None: timed(spans, "dispatch", compiled(k))
+    L.compiled = lambda k=None: timed_call(spans, "dispatch", compiled(k))
     L.step_unchecked = timed(spans, "wait", L.step_unchecked)      # minus dispatch, below
     L.decode = timed(spans, "split", L.decode)
     core._reply = timed(spans, "reply", core._reply)
