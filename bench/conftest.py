@@ -96,8 +96,8 @@ def pytest_sessionfinish(session, exitstatus):
     if limit:
         lines += ["", "× limit: median / the limit program's median (bench/limits.py: the same GRU math "
                   "written by hand as one jax function with optax.adam; a fused-Adam row shows its ratio to it). "
-                  "The streamtrace rows run the learner's default optimizer, st.adam (optax.adam's arithmetic, "
-                  "applied in place); × fused-Adam limit: their ratio to the limit with a hand-fused Adam. "
+                  "The streamtrace rows run the learner's default optimizer, st.adam (optax.adam up to rounding, "
+                  "one division per value, applied in place); × fused-Adam limit: their ratio to the limit with a hand-fused Adam. "
                   "LIF/ALIF stacks have no limit program."]
     text = "\n".join(lines)
     (out / "results.md").write_text(text + "\n")

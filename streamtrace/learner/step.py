@@ -119,8 +119,13 @@ def _keep_finite(use, new, old):
 
 
 def _carried_finite(h, tr):
-    """(N,) whether each slot's new hidden state (and its small traces, see above) is finite."""
-    return jnp.isfinite(_slot_sum(h) + _slot_sum(_small_traces(tr)))
+    """(N,) whether each slot's new hidden state is finite. A one-slot step (also each slot of
+    per-slot weights) reads its small traces here too, see above. A step of many slots sharing
+    weights does not: its gradient is a product summed over the slots, which reads the traces
+    from memory anyway, and the extra reads measured 149 -> 126 us without them (64 slots of
+    GRU-64 ES-D-RTRL, the limit program 111 us). The traces themselves are always finite."""
+    many = jax.tree_util.tree_leaves(h)[0].shape[0] > 1
+    return jnp.isfinite(_slot_sum(h) + (0.0 if many else _slot_sum(_small_traces(tr))))
 
 
 def _slot_sum(tree):
