@@ -245,6 +245,51 @@ def test_nan_in_one_slot_with_per_slot_weights():
     assert L.stats()["skipped"] == 1
 
 
+def test_non_finite_gradient_in_one_slot_with_per_slot_weights_is_rejected_there_only():
+    """A model per slot runs the step under vmap, so its gradient check does too (a product
+    with ones that keeps the slot axis): the slot whose gradient is NaN (its loss finite) keeps
+    its weights and optimizer state, the others learn as a twin learner where that slot is
+    masked out of learning."""
+    L = make(slots=3, shared_weights=False, loss=poisoned_mse)
+    twin = make(slots=3, shared_weights=False, loss=poisoned_mse)
+    xs, ys = data(3, slots=3, seed=6)
+    for t in range(2):
+        L.step(xs[t], ys[t])
+        twin.step(xs[t], ys[t])
+    before, stats0 = snapshot(L), L.stats()
+    y = ys[2].copy()
+    y[1, -1] = 1e4                       # slot 1: a finite loss with a NaN gradient
+    r = L.step(xs[2], y)
+    twin.step(xs[2], ys[2], learn=[True, False, True])
+    assert np.array_equal(r.applied, [True, False, True])
+    assert np.isfinite(r.loss[[0, 2]]).all()
+    after = snapshot(L)
+    for k, v in part(after, LEARNED).items():
+        assert np.array_equal(v[1], before[k][1]), f"slot 1 {k} moved"
+    assert_equal(part(after, LEARNED), part(snapshot(twin), LEARNED))
+    assert L.stats()["rejected"] == stats0["rejected"] + 1
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_slot_sums_under_vmap_equal_numpy_and_keep_non_finite_values_to_their_slot(axis):
+    """The sums behind the finiteness checks (a product with ones) give numpy's sums with or
+    without vmap, whichever axis vmap maps; a NaN or inf stays in its own slot's sum."""
+    from streamtrace.learner.step import _ones_dot
+    rng = np.random.default_rng(7)
+    a = rng.normal(size=(4, 1, 5, 3)).astype(np.float32)     # 4 slots of (1, 5, 3)
+    a[1, 0, 2, 1], a[3, 0, 0, 0] = np.nan, np.inf
+    want = np.array([s.sum() for s in a.astype(np.float64)])
+    moved = np.moveaxis(a, 0, axis)
+    got = np.asarray(jax.jit(jax.vmap(_ones_dot, in_axes=axis))(moved)).reshape(-1)
+    plain = np.array([np.asarray(_ones_dot(jnp.asarray(s))).item() for s in a])
+    for out in (got, plain):
+        assert np.isnan(out[1]) and np.isinf(out[3])
+        np.testing.assert_allclose(out[[0, 2]], want[[0, 2]], rtol=1e-5)
+    flat = np.asarray(jax.vmap(_ones_dot)(a.reshape(4, 1, 15))).reshape(-1)   # the (n, -1) branch
+    np.testing.assert_allclose(flat[[0, 2]], want[[0, 2]], rtol=1e-5)
+    assert np.isnan(flat[1]) and np.isinf(flat[3])
+
+
 def test_skipped_step_does_not_count_toward_learn_every():
     """learn_every=2: good, NaN, good -> one update of the two good gradients, exactly as a
     learner that only saw the good samples."""
