@@ -136,15 +136,13 @@ def _keep_finite(use, new, old):
 
 
 def _carried_finite(h, tr):
-    """(N,) whether each slot's new hidden state is finite. A one-slot step (also each slot of
-    per-slot weights) reads its small traces here too, see above. A step of many slots sharing
-    weights does not: its gradient is a product summed over the slots, which reads the traces
-    from memory anyway, and without the extra reads 64 slots of GRU-64 ES-D-RTRL took 126
-    against 149 us and 142 against 153 us in two paired runs (the limit program 111, 120 us).
-    The traces themselves are always finite (guarded value by value in the step)."""
-    leaves = jax.tree_util.tree_leaves(h)
-    many = bool(leaves) and leaves[0].shape[0] > 1
-    return jnp.isfinite(_slot_sum(h) + (0.0 if many else _slot_sum(_small_traces(tr))))
+    """(N,) whether each slot's new hidden state (and its small traces, see above) is finite.
+    Steps of many slots sharing weights read the small traces too, though their gradient (a
+    product summed over the slots) reads them from memory anyway: without the read, 64 slots
+    of GRU-64 ES-D-RTRL took 142 against 153 us (paired; the limit 120 us), but on jax 0.12 a
+    micro-batched call then rounded differently from single steps (an RLS readout's P moved
+    by 4e-4 over 24 steps; bit-identical with the read), so the read stays."""
+    return jnp.isfinite(_slot_sum(h) + _slot_sum(_small_traces(tr)))
 
 
 def _slot_sum(tree):
