@@ -278,7 +278,7 @@ class EngineCore:
             call, (xs, ys, active, learn) = self._inputs(self.cfg.engine.micro_batch, m)
             busy.sort(key=lambda st: st.slot)   # slot order: shared weights sum as the full call does
             pos = list(range(len(busy)))
-            idx = self._subset_index(m, busy)
+            idx = self._subset_index(m, busy, call[0])
         taken = []
         for st, p in zip(busy, pos):
             for j in range(min(len(st.pending), count)):
@@ -325,14 +325,16 @@ class EngineCore:
             out.append(("pub", b"weights", self.weights_message("update")))
         return out
 
-    def _subset_index(self, m, busy):
-        """The slots of a subset call: the busy streams' slots in order, padded to m with
-        slots that stay idle in it (the step leaves an inactive slot as it is)."""
+    def _subset_index(self, m, busy, out):
+        """The slots of a subset call, written into ``out`` (the program's index input): the
+        busy streams' slots in order, padded to m with slots that stay idle in it (the step
+        leaves an inactive slot as it is)."""
         used = [st.slot for st in busy]
         if len(used) < m:
             taken = set(used)
             used += [s for s in range(self.learner.n) if s not in taken][:m - len(used)]
-        return np.array(used, np.int32)
+        out[:] = used
+        return out
 
     def _inputs(self, k, m=None):
         """The input arrays of a call of k steps of all slots (m None) or of an m-slot subset:
@@ -342,9 +344,9 @@ class EngineCore:
         views = self._input_cache.get((k, m))
         if views is None:
             L = self.learner
-            if m is not None:
-                call = L.compiled_subset(m, k).inputs.views[2:]
-                views = (call, call)
+            if m is not None:     # (slot indices, count, x, y, active, learn): fill the last four
+                call = L.compiled_subset(m, k).inputs.views
+                views = (call, call[2:])
             elif k == 1:       # the one-step program's inputs have no step axis: fill them as (1, ...)
                 call = L.compiled().inputs.views
                 views = (call, tuple(v[None] for v in call))
