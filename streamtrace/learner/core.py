@@ -338,11 +338,11 @@ class OnlineLearner:
         """The AOT-compiled packed step (cached per micro-batch size)."""
         if k not in self._compiled:
             x, y, a = self._example_inputs(k)
-            self._compiled[k] = self._donating(self._fn(k), (x, y, a, a), self._options(self.n))
+            self._compiled[k] = self._donating(self._fn(k), (x, y, a, a), self._options(self.n, loop=k is not None))
         return self._compiled[k]
 
-    def _options(self, slots):
-        return step_compiler_options(slots, leaf_guards=self.fns.opt is not None and not self.fns.in_place)
+    def _options(self, slots, loop):
+        return step_compiler_options(slots, leaf_guards=self.fns.opt is not None and not self.fns.in_place, loop=loop)
 
     def _donating(self, fn, args, options):
         """``fn(buffers, *args)`` compiled; with ``donate`` the standalone buffers (weights,
@@ -372,7 +372,7 @@ class OnlineLearner:
         if key not in self._compiled:
             x, y, a = self._example_inputs(k, m)
             self._compiled[key] = self._packed(self._fn_subset(), (np.zeros(m, np.int32), np.int32(1), x, y, a, a),
-                                               self._options(m), donate=True)
+                                               self._options(m, loop=True), donate=True)
         return self._compiled[key]
 
     def _example_inputs(self, k, n=None):
