@@ -32,6 +32,7 @@ test: $(VENV)/.installed broker
 bench: $(VENV)/.installed
 	$(PY) -m pip install --quiet -e '.[test,bench]'
 	$(PY) -m pytest -q bench -p no:cacheprovider --pin-cpu 0
+	$(PY) bench/paired.py --pin-cpu 0 --md bench/results/paired.md --json bench/results/paired.json
 
 quality: $(VENV)/.installed
 	$(PY) -m pip install --quiet -e '.[test,quality]'
