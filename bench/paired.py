@@ -37,7 +37,6 @@ TARGETS = [
 
 
 def sides(hidden, algo, slots, reference: bool) -> dict:
-    sys.path.insert(0, str(Path(__file__).parent))
     from limits import make_limit_step
     from test_step_latency import N_IN, N_OUT, _step_fn
     out = {"streamtrace": _step_fn("gru", hidden, algo, slots),

@@ -338,28 +338,25 @@ class OnlineLearner:
         """The AOT-compiled packed step (cached per micro-batch size)."""
         if k not in self._compiled:
             x, y, a = self._example_inputs(k)
-            self._compiled[k] = self._donating(self._fn(k), (x, y, a, a), self._options(self.n, loop=k is not None))
+            self._compiled[k] = self._packed(self._fn(k), (x, y, a, a), self._options(self.n, loop=k is not None),
+                                             donate="alone" if self.donate else None)
         return self._compiled[k]
 
     def _options(self, slots, loop):
         return step_compiler_options(slots, leaf_guards=self.fns.opt is not None and not self.fns.in_place, loop=loop)
 
-    def _donating(self, fn, args, options):
-        """``fn(buffers, *args)`` compiled; with ``donate`` the standalone buffers (weights,
-        moments, traces, an RLS matrix) are donated, the few packed small ones are not: XLA
-        reads and rewrites those in one program, so donated it copies them first, and the
-        copy reorders a small step (LIF-256, one slot: 38 -> 48 us donated whole, 40 us so)."""
-        return self._packed(fn, args, options, split=self.donate)
-
-    def _packed(self, fn, args, options, *, split=False, donate=False):
-        """``fn(buffers, *args)`` compiled as a ``_Call`` whose args cross as one packed buffer;
-        ``split``: the standalone buffers donated, the packed small ones not; ``donate``: all."""
+    def _packed(self, fn, args, options, donate: str | None):
+        """``fn(buffers, *args)`` compiled as a ``_Call`` whose args cross as one packed buffer.
+        ``donate``: None, "all" buffers, or "alone": the standalone buffers (weights, moments,
+        traces, an RLS matrix) but not the few packed small ones. XLA reads and rewrites those in
+        one program, so donated it copies them first, and the copy reorders a small step
+        (LIF-256, one slot: 38 -> 48 us donated whole, 40 us so)."""
         inputs = PackedInputs(args)
-        if split:
+        if donate == "alone":
             n = len(self.layout.dtypes)
             run = jax.jit(lambda small, alone, io: fn(small + alone, *inputs.unpack(io)), donate_argnums=(1,))
             return _Call(run.lower(self.buffers[:n], self.buffers[n:], inputs.buffer).compile(options), inputs, n)
-        run = jax.jit(lambda buffers, io: fn(buffers, *inputs.unpack(io)), donate_argnums=(0,) if donate else ())
+        run = jax.jit(lambda buffers, io: fn(buffers, *inputs.unpack(io)), donate_argnums=(0,) if donate == "all" else ())
         return _Call(run.lower(self.buffers, inputs.buffer).compile(options), inputs, None)
 
     def compiled_subset(self, m: int, k: int = 1):
@@ -372,7 +369,7 @@ class OnlineLearner:
         if key not in self._compiled:
             x, y, a = self._example_inputs(k, m)
             self._compiled[key] = self._packed(self._fn_subset(), (np.zeros(m, np.int32), np.int32(1), x, y, a, a),
-                                               self._options(m, loop=True), donate=True)
+                                               self._options(m, loop=True), donate="all")
         return self._compiled[key]
 
     def _example_inputs(self, k, n=None):
