@@ -151,50 +151,54 @@ def test_first_answers_wait_for_no_micro_batch_size_and_match_a_plain_learner():
             for x in xs]
     np.testing.assert_allclose(np.array([wire.unpack_array(p) for p in got]), np.array(want), rtol=1e-6, atol=1e-7)
 
-    # the sizes compile later (between messages in the engine loop) and never touch the state
+    # the other programs compile later (on a thread while the engine serves) and never touch
+    # the state; an engine without subset calls has one step program: no micro-batch sizes
     before = core.learner.state_dict()
     for _ in core.warmup_later():
         pass
-    assert sorted(core.ready) == core.buckets == [1, 2, 4]
-    assert {2, 4} <= set(core.learner._compiled)
+    assert core.ready == [1] and not [k for k in core.learner._compiled if isinstance(k, int)]
+    assert core.learner.is_compiled("reset") and core.learner.is_compiled("read_slot")
     after = core.learner.state_dict()
     assert all(np.array_equal(before[k], after[k]) for k in before)
 
 
-def test_engine_loop_compiles_the_sizes_when_idle_or_overdue_never_before_the_first_answer(sock_dir):
-    engine = Engine(config(sock_dir, micro_batch=4, compile_cache_dir=""))
+def test_engine_compiles_the_other_programs_on_a_thread_while_it_answers(sock_dir):
+    """Only the 1-step program before listening; the rest compile on a thread of their own
+    while the engine answers with what is ready, and every answer is the same bits as an
+    engine that had compiled everything first."""
+    engine = Engine(config(sock_dir, micro_batch=4, slots=8, compile_cache_dir=""))
+    ref = EngineCore(config(micro_batch=4, slots=8))
+    ref.warmup()
     try:
-        sizes = lambda: sorted(k for k in engine.core.learner._compiled if isinstance(k, int))
-        assert engine.core.ready == [1] and sizes() == []
-        engine._warm_from = 10.0                  # run() sets: start + 1 s
-        engine._warm_step(busy=False, now=5.0)    # quiet, but within the first second: wait
-        assert sizes() == []
-        engine._warm_step(busy=False, now=11.0)   # a quiet first second: idle, compile one size
-        assert sizes() == [2] and engine.core.ready == [1, 2]
-        engine._warm_step(busy=True, now=12.0)    # busy and not overdue: messages first
-        assert sizes() == [2]
-        engine._warm_step(busy=True, now=13.5)    # busy for 2 s: compile anyway, one at a time
-        assert sizes() == [2, 4] and engine.core.ready == [1, 2, 4]
-        engine._warm_step(busy=False, now=14.0)
-        assert engine._warming is False
+        L = engine.core.learner
+        assert engine.core.looped and engine.core.ready_subsets == [] and L.is_compiled(("loop", 4))
+        assert not L.is_compiled(("subset", 2, 4)) and not L.is_compiled("reset")
+        engine.start_warmup()
+        xs = np.random.default_rng(4).normal(size=(40, N_IN)).astype(np.float32)
+        got, want = [], []
+        for t, x in enumerate(xs):               # answered while the thread compiles
+            for core, out in ((engine.core, got), (ref, want)):
+                assert core.ingest(data("a", t, x), b"o") == []
+                while core.has_pending():
+                    out += preds(core.tick())
+        assert engine.warm.wait(120)
+        assert engine.core.ready_subsets == [2] and L.is_compiled(("subset", 2, 4))
+        assert L.is_compiled("reset") and L.is_compiled("write_slot")
+        assert [wire.unpack_array(p).tobytes() for p in got] == [wire.unpack_array(p).tobytes() for p in want]
     finally:
         engine.close()
 
 
-def test_a_size_that_fails_to_compile_leaves_the_engine_serving_with_smaller_calls(sock_dir, monkeypatch):
-    engine = Engine(config(sock_dir, micro_batch=2, compile_cache_dir=""))
+def test_a_program_that_fails_to_compile_leaves_the_engine_serving_with_the_others(sock_dir, monkeypatch):
+    engine = Engine(config(sock_dir, micro_batch=2, slots=8, compile_cache_dir=""))
     try:
-        real = engine.core.learner.compiled
-
-        def failing(k=None):
-            if k is not None:
-                raise MemoryError("simulated: no memory for the k-step program")
-            return real(k)
-        monkeypatch.setattr(engine.core.learner, "compiled", failing)
-        engine._warm_step(busy=False, now=engine._warm_from + 1)
-        assert engine._warming is False and engine.core.ready == [1]
+        def failing(m, k):
+            raise MemoryError("simulated: no memory for the subset program")
+        monkeypatch.setattr(engine.core.learner, "compiled_subset", failing)
+        engine.start_warmup()
+        assert engine.warm.wait(120) and engine.core.ready_subsets == []
         rng = np.random.default_rng(3)
-        for t in range(3):                        # a burst: served one step per call
+        for t in range(3):                        # a burst: served by the program over all slots
             assert engine.core.ingest(data("a", t, rng.normal(size=N_IN).astype(np.float32)), b"o") == []
         got = []
         while engine.core.has_pending():

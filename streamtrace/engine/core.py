@@ -71,10 +71,6 @@ class EngineCore:
         self._input_cache: dict = {}
         self._pending = 0                # queued messages over all streams (has_pending, per loop turn)
         self._reply = wire.PredictionEncoder()
-        self.buckets = sorted({1 << i for i in range(ec.micro_batch.bit_length()) if 1 << i <= ec.micro_batch}
-                              | {ec.micro_batch})
-        self.ready = list(self.buckets)  # sizes tick may use, ascending (compiled on first use,
-                                         # or after warmup_first only once warmup_later did)
         # a call with few busy streams steps only their slots: programs for 2 <= m <= slots / 4
         # busy slots (powers of two), each taking up to micro_batch steps per slot. Gathering
         # and writing back makes a slot cost ~1.6x its share of the full step (measured, GRU-64
@@ -84,6 +80,12 @@ class EngineCore:
         # within float32 rounding). A lone stream goes with an idle slot beside it.
         self.subsets = subset_sizes(self.learner.n) if self.learner.slots else []
         self.ready_subsets = list(self.subsets)
+        # Determinism (docs/decisions/determinism.md): every program that may serve a slot
+        # must round alike. With subset programs (loops), a call over all slots is a loop too
+        # (up to micro_batch steps, their number given at run time); without them, the
+        # engine has one program, the one-step one, and a burst takes one call per step.
+        self.looped = bool(self.subsets)
+        self.ready = [ec.micro_batch] if self.looped else [1]   # steps one call over all slots takes
 
     def warmup(self):
         """Compile every program now, so no message waits for the compiler."""
@@ -92,31 +94,33 @@ class EngineCore:
             pass
 
     def warmup_first(self):
-        """The 1-step program: what the first answers need (a slot no stream has used needs
-        no reset). The slot programs and larger micro-batch sizes wait for ``warmup_later``."""
-        self.ready, self.ready_subsets = [1], []
-        self.learner.compiled()
+        """The program over all slots: what the first answers need (a slot no stream has used
+        needs no reset). The subset and slot programs wait for ``warmup_later``."""
+        self.ready_subsets = []
+        if self.looped:
+            self.learner.compiled_loop(self.cfg.engine.micro_batch)
+        else:
+            self.learner.compiled()
 
     def warmup_later(self):
-        """The slot programs (reset, parking's read and write) and the micro-batch sizes, one
-        size per ``next()``: the engine loop compiles them between messages; ``tick`` uses a
-        size once it is in ``ready`` (a slot program needed before is compiled on first use)."""
-        self._compile_slot_programs()
-        for k in self.buckets:
-            if k > 1:
-                self.learner.compiled(k)
-                self.ready.append(k)
+        """The other programs, one per ``next()``: the subset calls (a few busy streams), then
+        the slot reset and parking's read and write (a stream leaving or coming back).
+        ``tick`` uses a subset program once it is ready; a slot program needed before that is
+        compiled on first use. Compiling never touches the state (the engine runs this on a
+        thread of its own while serving)."""
+        L = self.learner
+        for m in self.subsets:
+            if m not in self.ready_subsets:
+                L.compiled_subset(m, self.cfg.engine.micro_batch)
+                self.ready_subsets.append(m)
                 yield
-
-    def _compile_slot_programs(self):
-        if self.learner.slots is not None:
-            self.learner.compiled_reset()
-            if self.parking.enabled:     # a no-op write of slot 0 compiles the read and the write
-                self.learner.write_slot(0, self.learner.read_slot(0))
-            for m in self.subsets:
-                if m not in self.ready_subsets:
-                    self.learner.compiled_subset(m, self.cfg.engine.micro_batch)
-                    self.ready_subsets.append(m)
+        if L.slots is not None:
+            L.compiled_reset()
+            yield
+            if self.parking.enabled:
+                L.compiled_read_slot()
+                L.compiled_write_slot()
+                yield
 
     # ---- ingest -----------------------------------------------------------------------
     def ingest(self, raw: bytes, origin=None, t_recv: float | None = None) -> list:
@@ -260,25 +264,24 @@ class EngineCore:
         if not self._pending:
             return []
         busy = [st for st in self.streams.values() if st.pending]
-        # few busy streams: a call over their slots only (once compiled), else all slots
-        m = next((m for m in self.ready_subsets if m >= len(busy)), None)
-        if m is not None:
-            count = min(max(len(st.pending) for st in busy), self.cfg.engine.micro_batch)
-        else:
-            count = max(len(st.pending) for st in busy)
-            ready = self.ready           # a size not compiled yet: its steps go in smaller calls
-            count = 1 if count == 1 else next((b for b in ready if b >= count), ready[-1])
+        # few busy streams: a call over their slots only (once compiled), else all slots; per-
+        # slot models step in pairs (learner.pairs), so a subset call takes their whole pairs
+        need = 2 * len({st.slot // 2 for st in busy}) if self.learner.pairs else len(busy)
+        m = next((m for m in self.ready_subsets if m >= need), None)
+        K = self.cfg.engine.micro_batch
+        count = min(max(len(st.pending) for st in busy), K) if m is not None or self.looped else 1
         if self.ckpt and self._since_ckpt + sum(min(len(st.pending), count) for st in busy) > self.cfg.checkpoint.every:
             self.save_checkpoint()
         L, supervised = self.learner, self.cfg.learning.mode == "supervised"
         if m is None:
-            call, (xs, ys, active, learn) = self._inputs(count)
+            call, (xs, ys, active, learn) = self._inputs(K if self.looped else 1, "loop" if self.looped else None)
             pos = [st.slot for st in busy]
         else:
-            call, (xs, ys, active, learn) = self._inputs(self.cfg.engine.micro_batch, m)
+            call, (xs, ys, active, learn) = self._inputs(K, m)
             busy.sort(key=lambda st: st.slot)   # slot order: shared weights sum as the full call does
-            pos = list(range(len(busy)))
             idx = self._subset_index(m, busy, call[0])
+            where = {s: i for i, s in enumerate(idx.tolist())}
+            pos = [where[st.slot] for st in busy]
         taken = []
         for st, p in zip(busy, pos):
             for j in range(min(len(st.pending), count)):
@@ -296,8 +299,9 @@ class EngineCore:
         if m is not None:
             rows = L.step_subset_unchecked(idx, count, xs, ys, active, learn)
             results = [L.decode(rows[j], m=m) for j in range(count)]
-        elif count > 1:
-            results = L.decode(L.step_unchecked(*call, count), count)
+        elif self.looped:
+            rows = L.step_loop_unchecked(count, xs, ys, active, learn)
+            results = [L.decode(rows[j]) for j in range(count)]
         else:
             results = [L.decode(L.step_unchecked(*call))]
         self.steps += len(taken)
@@ -330,6 +334,8 @@ class EngineCore:
         busy streams' slots in order, padded to m with slots that stay idle in it (the step
         leaves an inactive slot as it is)."""
         used = [st.slot for st in busy]
+        if self.learner.pairs:        # whole pairs, in slot order: each slot keeps its place
+            used = sorted({s for st in busy for s in (st.slot & ~1, st.slot | 1)})
         if len(used) < m:
             taken = set(used)
             used += [s for s in range(self.learner.n) if s not in taken][:m - len(used)]
@@ -337,22 +343,23 @@ class EngineCore:
         return out
 
     def _inputs(self, k, m=None):
-        """The input arrays of a call of k steps of all slots (m None) or of an m-slot subset:
+        """The input arrays of a call of k steps of all slots (m None: the one-step program;
+        "loop": the loop program) or of an m-slot subset:
         (the arrays to pass, the (k, slots, ...) arrays to fill). They are views of the buffer
         the program's inputs cross in (learner/inputs.py), so filled here they are passed
         without a copy. Masks cleared; stale x/y of inactive slots are ignored by the step."""
         views = self._input_cache.get((k, m))
         if views is None:
             L = self.learner
-            if m is not None:     # (slot indices, count, x, y, active, learn): fill the last four
+            if m == "loop":       # (count, x, y, active, learn): fill the last four
+                call = L.compiled_loop(k).inputs.views
+                views = (call, call[1:])
+            elif m is not None:   # (slot indices, count, x, y, active, learn): fill the last four
                 call = L.compiled_subset(m, k).inputs.views
                 views = (call, call[2:])
-            elif k == 1:       # the one-step program's inputs have no step axis: fill them as (1, ...)
+            else:       # the one-step program's inputs have no step axis: fill them as (1, ...)
                 call = L.compiled().inputs.views
                 views = (call, tuple(v[None] for v in call))
-            else:
-                call = L.compiled(k).inputs.views
-                views = (call, call)
             self._input_cache[(k, m)] = views
         views[1][2].fill(False)
         views[1][3].fill(False)
@@ -393,7 +400,7 @@ class EngineCore:
                                   for name, st in self.streams.items()}
         self.metrics.quality(snap["stream_metrics"])
         snap["version"] = self.version
-        snap["batch_sizes"] = list(self.ready)    # micro-batch sizes compiled so far (the rest warm up)
+        snap["batch_sizes"] = list(self.ready)    # steps one call over all slots takes
         snap["subset_sizes"] = list(self.ready_subsets)   # busy-slot counts with a call of their own
         return wire.encode({"type": "stats", **snap})
 

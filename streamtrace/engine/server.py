@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
 import time
 
 import zmq
@@ -29,7 +30,6 @@ __all__ = ["Engine", "serve", "open_engine"]
 log = logging.getLogger("streamtrace.engine")
 
 _EVENTS, _POLLIN = zmq.EVENTS, zmq.POLLIN
-WARM_OVERDUE_S = 2.0     # busy since the first answer this long: compile between messages anyway
 
 
 def open_compile_cache(path: str):
@@ -61,7 +61,9 @@ class Engine:
         self.resumed = self.core.resume()   # before compiling: a foreign checkpoint refuses fast
         # listen as soon as the first answer can be given; the rest compiles after it (run)
         self.core.warmup_first()
-        self._warming, self._warm_from = None, time.monotonic() + 1.0   # run() restarts the second
+        self._warm_thread = None          # compiles the other programs (run starts it) ...
+        self.warm = threading.Event()     # ... and sets this when it is done
+        self._released = self._closed = False
         self.ctx = ctx or zmq.Context.instance()
         self._stop = False
         self._auth = None
@@ -120,25 +122,23 @@ class Engine:
         return {name: sock.getsockopt(zmq.LAST_ENDPOINT).decode()
                 for name, sock in (("router", self.router), ("pull", self.pull), ("pub", self.pub)) if sock}
 
-    def _warm_step(self, busy: bool, now: float):
-        """After the first answer (or a quiet first second), compile the remaining programs
-        one at a time when the engine is idle, or under constant traffic from WARM_OVERDUE_S
-        on. Between messages rather than on a thread: nothing traces on two threads at once,
-        and the step never shares the CPUs with the compiler; a message that arrives during
-        one compile waits for it (from the cache: ~0.1-0.3 s for GRU-256)."""
-        if self._warming is None:
-            if not self.core.steps and now < self._warm_from:
-                return
-            self._warming, self._warm_from = self.core.warmup_later(), now + WARM_OVERDUE_S
-        if not busy or now >= self._warm_from:
+    def start_warmup(self):
+        """Compile the remaining programs (subset calls, micro-batch sizes, slot reset and
+        parking) on a thread of their own while this one serves with what is compiled: no
+        message waits for the compiler, and whichever program serves a message, its answer
+        is the same bits (every program rounds alike: learner/xla_options.py). The serving
+        thread gives back what compiling kept once the thread is done."""
+        def work():
             try:
-                if next(self._warming, False) is False:
-                    self._warming = False
-            except Exception:   # noqa: BLE001 - serve on with the sizes compiled so far
-                log.exception("compiling a micro-batch size failed; serving with sizes %s", self.core.ready)
-                self._warming = False
-            if self._warming is False:     # every program is compiled: drop what compiling kept
-                release_after_warmup()
+                for _ in self.core.warmup_later():
+                    if self._closed:        # a closed engine needs no more programs
+                        break
+            except Exception:   # noqa: BLE001 - serve on with the programs compiled so far
+                log.exception("compiling a program failed; serving with micro-batch sizes %s and subsets %s",
+                              self.core.ready, self.core.ready_subsets)
+            self.warm.set()
+        self._warm_thread = threading.Thread(target=work, name="streamtrace-warmup", daemon=True)
+        self._warm_thread.start()
 
     def stop(self, *_):
         self._stop = True
@@ -167,7 +167,8 @@ class Engine:
         core, clock = self.core, time.monotonic
         stats_every = self.cfg.publish.stats_every_s
         next_stats = clock() + stats_every
-        self._warm_from = clock() + 1.0
+        if self._warm_thread is None:
+            self.start_warmup()
         deadline = None if max_seconds is None else clock() + max_seconds
         # read at most this much before stepping: one stream's queue then never passes
         # engine.max_pending, and what waits beyond it stays in ZeroMQ (back-pressure)
@@ -212,8 +213,9 @@ class Engine:
                 now = clock()
                 if busy:
                     spin.busy(now)
-                if self._warming is not False:
-                    self._warm_step(busy or spin.active(now), now)
+                if not self._released and self.warm.is_set():
+                    self._released = True     # every program compiled: drop what compiling kept
+                    release_after_warmup()
                 if now >= next_stats:
                     next_stats = now + stats_every
                     core.evict_idle(now)
@@ -225,6 +227,7 @@ class Engine:
             self.close()
 
     def close(self):
+        self._closed = True
         try:
             while self.core.has_pending():
                 self._send(self.core.tick())

@@ -3,6 +3,7 @@ compiled into one step function whose state crosses the call as a few packed buf
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass
 
 import brainstate
@@ -25,6 +26,8 @@ from .subset import SlotRows
 from .xla_options import step_compiler_options
 
 __all__ = ["OnlineLearner", "StepResult"]
+
+PAIR = 2     # per-slot models step this many slots at a time (see OnlineLearner._in_pairs)
 
 
 @dataclass(frozen=True)
@@ -125,6 +128,9 @@ class OnlineLearner:
         self.horizon = self.cfg.horizon
         self.slots, self.n = slots, slots or 1
         self.per_slot = slots is not None and not shared_weights
+        # per-slot models of a learner whose slots may be stepped a few at a time (subset
+        # calls: 8 slots or more) step in pairs in every program, so that they round alike
+        self.pairs = self.per_slot and self.n >= 8 and self.n % PAIR == 0
         self.donate = bool(donate) if donate is not None else (
             readout is not None or slots is not None or self.fns.in_place)
         self._signature_extra = {"algorithm": self.algo.name, "decay": getattr(self.algo, "decay", None),
@@ -147,7 +153,12 @@ class OnlineLearner:
         init = jax.jit(lambda p: self.layout.pack(self._init_state(p)))
         self._init_buffers = init(p0)
         self.buffers = init(p0)     # donated, not the initial ones
+        # the buffers' shapes, to compile from: the buffers themselves may be donated (deleted)
+        # by a step on the serving thread while another thread compiles (the engine's warm-up)
+        self._avals = tuple(jax.ShapeDtypeStruct(b.shape, b.dtype) for b in self.buffers)
         self._compiled = {}
+        self._compile_lock = threading.Lock()   # one thread traces and compiles at a time
+        self._slot_shapes = None
         self._state_dict_signature = None
         self._ones = np.ones(self.n, bool)
         self._no_target = np.zeros((self.n,) + self.out_shape if slots else self.out_shape, self.y_dtype)
@@ -265,11 +276,53 @@ class OnlineLearner:
         """One step on named state; x/y/active/learn carry the slot axis (size N)."""
         if not self.per_slot:
             return self.fns.step(state, x, y, active, learn)
+        if self.pairs:
+            return self._in_pairs(state, x, y, active, learn)
+        return self._pair(state, x, y, active, learn)
 
+    def _pair(self, s, x, y, a, l):
+        """The slots' steps (two, in pairs), a model each (vmapped)."""
         def one(s, x, y, a, l):
             s, out, loss, applied = self.fns.step(s, x[None], y[None], a[None], l[None])
             return s, out[0], loss[0], applied
-        return jax.vmap(one)(state, x, y, active, learn)
+        return jax.vmap(one)(s, x, y, a, l)
+
+    def _idle_pair(self, s, like):
+        """Two idle slots: their state as it is, but for the count of calls (as the step
+        counts an inactive slot); no prediction, no loss, no update."""
+        counters = s["stats"]["counters"].at[:, COUNTERS.index("step")].add(1)
+        out, loss, applied = (jnp.zeros(v.shape, v.dtype) for v in like)
+        return ({**s, "stats": {**s["stats"], "counters": counters}}, out, loss + jnp.nan, applied)
+
+    def _in_pairs(self, state, x, y, active, learn):
+        """Per-slot models, two slots at a time in a loop (pairs without an active slot skip
+        their step). Every program -- one step, a micro-batch, a subset of any size -- then
+        runs the same two-slot computation: XLA compiles a step for the number of slots it
+        is given, and with 2, 4, 16 or 64 it chose different kernels that rounded the same
+        slot differently (docs/decisions/determinism.md). A slot keeps its place in its pair
+        (slots 2k and 2k+1) in every program: the engine's subset calls take whole pairs.
+        The loop's count is hidden from XLA, which would otherwise inline a loop of one pair
+        and compile it in context."""
+        n, c = x.shape[0], PAIR
+        if n % c:     # an odd subset (step_slots): one more slot, idle, its results dropped
+            grow = lambda v, fill=None: jnp.concatenate([v, v[-1:] if fill is None else jnp.full_like(v[-1:], fill)])
+            state, out, loss, applied = self._in_pairs(jax.tree_util.tree_map(grow, state), grow(x), grow(y),
+                                                       grow(active, False), grow(learn, False))
+            return jax.tree_util.tree_map(lambda v: v[:n], state), out[:n], loss[:n], applied[:n]
+        part = lambda tree, j: jax.tree_util.tree_map(lambda v: jax.lax.dynamic_slice_in_dim(v, j * c, c, 0), tree)
+        like = jax.eval_shape(self._pair, part(state, 0), x[:c], y[:c], active[:c], learn[:c])[1:]
+        outs = tuple(jnp.zeros((n,) + v.shape[1:], v.dtype) for v in like)
+
+        def body(j, carry):
+            state, outs = carry
+            args = (part(state, j), part(x, j), part(y, j), part(active, j), part(learn, j))
+            s, *got = jax.lax.cond(jnp.any(args[3]), lambda a: self._pair(*a),
+                                   lambda a: self._idle_pair(a[0], like), args)
+            put = lambda v, u: jax.lax.dynamic_update_slice_in_dim(v, u, j * c, 0)
+            return jax.tree_util.tree_map(put, state, s), tuple(put(o, g) for o, g in zip(outs, got))
+        pairs = jax.lax.optimization_barrier(jnp.int32(n // c))
+        state, (out, loss, applied) = jax.lax.fori_loop(0, pairs, body, (state, outs))
+        return state, out, loss, applied
 
     def _pack_out(self, out, loss, applied):
         dt = jnp.result_type(out.dtype, jnp.float32)
@@ -298,6 +351,29 @@ class OnlineLearner:
         state, vecs = jax.lax.scan(lambda s, xs: single(s, *xs), state, (x, y, active, learn))
         return state, jnp.ravel(vecs)
 
+    def _loop_steps(self, state, count, xs, ys, active, learn):
+        """The first ``count`` of the K steps in xs (K, slots, ...): (state, (K, vector))."""
+        one = jax.eval_shape(lambda s: self._steps(s, None, xs[0], ys[0], active[0], learn[0])[1], state)
+        vecs = jnp.zeros((xs.shape[0],) + one.shape, one.dtype)
+
+        def body(i, carry):
+            state, vecs = carry
+            state, vec = self._steps(state, None, xs[i], ys[i], active[i], learn[i])
+            return state, vecs.at[i].set(vec)
+        return jax.lax.fori_loop(0, count, body, (state, vecs))
+
+    def _fn_loop(self):
+        """Steps of all slots: (buffers, count, xs, ys, active, learn) with xs (K, N, ...): the
+        first ``count`` (<= K) steps run, in a loop of run-time length. Every step of it is the
+        same loop body as a subset call's, so a slot's numbers are the same bits whichever of
+        the two served it (docs/decisions/determinism.md)."""
+        layout = self.layout
+
+        def fn(buffers, count, xs, ys, active, learn):
+            state, vecs = self._loop_steps(layout.unpack(buffers), count, xs, ys, active, learn)
+            return layout.pack(state), vecs
+        return fn
+
     def _fn_subset(self):
         """Steps of m of the N slots: (buffers, idx (m,), count, xs, ys, active, learn) with
         xs (K, m, ...): the first ``count`` (<= K) steps run. The m slots' state is read from
@@ -311,17 +387,10 @@ class OnlineLearner:
             got = rows.gather(buffers, idx)
             full = layout.treedef.flatten_up_to(layout.unpack(buffers))
             state = jax.tree_util.tree_unflatten(layout.treedef, [got.get(k, v) for k, v in zip(layout.names, full)])
-            one = jax.eval_shape(lambda s: self._steps(s, None, xs[0], ys[0], active[0], learn[0])[1], state)
-            vecs = jnp.zeros((xs.shape[0],) + one.shape, one.dtype)
-
-            def body(i, carry):
-                state, vecs = carry
-                state, vec = self._steps(state, None, xs[i], ys[i], active[i], learn[i])
-                return state, vecs.at[i].set(vec)
             # a loop of run-time length: its carry is a buffer of its own, so the step reads
             # the m gathered slots from there (a fused gather out of the N-slot buffers would
             # make XLA copy those whole before writing back into them)
-            state, vecs = jax.lax.fori_loop(0, count, body, (state, vecs))
+            state, vecs = self._loop_steps(state, count, xs, ys, active, learn)
             out = rows.scatter(buffers, idx, dict(zip(layout.names, layout.treedef.flatten_up_to(state))))
             if self.per_slot:     # every slot counts every call as a step, as in the full step
                 others = jnp.ones(n, jnp.int32).at[idx].set(0)
@@ -334,13 +403,27 @@ class OnlineLearner:
         return jax.tree_util.tree_leaves(self._slot_part(jax.tree_util.tree_unflatten(
             self.layout.treedef, list(self.layout.names))))
 
+    def _program(self, key, build):
+        """The compiled program ``key``, built once (``build()``) by whichever thread asks
+        first; a program is never seen half-built, and two threads never trace at once."""
+        prog = self._compiled.get(key)
+        if prog is None:
+            with self._compile_lock:
+                prog = self._compiled.get(key)
+                if prog is None:
+                    prog = self._compiled[key] = build()
+        return prog
+
+    def is_compiled(self, key) -> bool:
+        return key in self._compiled
+
     def compiled(self, k: int | None = None):
         """The AOT-compiled packed step (cached per micro-batch size)."""
-        if k not in self._compiled:
+        def build():
             x, y, a = self._example_inputs(k)
-            self._compiled[k] = self._packed(self._fn(k), (x, y, a, a), self._options(self.n, loop=k is not None),
-                                             donate="alone" if self.donate else None)
-        return self._compiled[k]
+            return self._packed(self._fn(k), (x, y, a, a), self._options(self.n, loop=k is not None),
+                                donate="alone" if self.donate else None)
+        return self._program(k, build)
 
     def _options(self, slots, loop):
         return step_compiler_options(slots, leaf_guards=self.fns.opt is not None and not self.fns.in_place, loop=loop)
@@ -355,9 +438,9 @@ class OnlineLearner:
         if donate == "alone":
             n = len(self.layout.dtypes)
             run = jax.jit(lambda small, alone, io: fn(small + alone, *inputs.unpack(io)), donate_argnums=(1,))
-            return _Call(run.lower(self.buffers[:n], self.buffers[n:], inputs.buffer).compile(options), inputs, n)
+            return _Call(run.lower(self._avals[:n], self._avals[n:], inputs.buffer).compile(options), inputs, n)
         run = jax.jit(lambda buffers, io: fn(buffers, *inputs.unpack(io)), donate_argnums=(0,) if donate == "all" else ())
-        return _Call(run.lower(self.buffers, inputs.buffer).compile(options), inputs, None)
+        return _Call(run.lower(self._avals, inputs.buffer).compile(options), inputs, None)
 
     def compiled_subset(self, m: int, k: int = 1):
         """The AOT-compiled steps of m slots, up to k steps per call (see ``_fn_subset``).
@@ -365,12 +448,23 @@ class OnlineLearner:
         if self.slots is None or not 1 <= m <= self.n or k < 1:
             raise ValueError(f"a subset step needs a learner with slots, 1 <= m <= {self.n} and k >= 1; "
                              f"got m={m}, k={k}")
-        key = ("subset", m, k)
-        if key not in self._compiled:
+        def build():
             x, y, a = self._example_inputs(k, m)
-            self._compiled[key] = self._packed(self._fn_subset(), (np.zeros(m, np.int32), np.int32(1), x, y, a, a),
-                                               self._options(m, loop=True), donate="all")
-        return self._compiled[key]
+            return self._packed(self._fn_subset(), (np.zeros(m, np.int32), np.int32(1), x, y, a, a),
+                                self._options(m, loop=True), donate="all")
+        return self._program(("subset", m, k), build)
+
+    def compiled_loop(self, k: int):
+        """The AOT-compiled steps of all slots, up to k steps per call, their number given at
+        run time (see ``_fn_loop``): one program for any micro-batch size."""
+        if k < 1:
+            raise ValueError(f"a loop step needs k >= 1; got k={k}")
+
+        def build():
+            x, y, a = self._example_inputs(k)
+            return self._packed(self._fn_loop(), (np.int32(1), x, y, a, a), self._options(self.n, loop=True),
+                                donate="alone" if self.donate else None)
+        return self._program(("loop", k), build)
 
     def _example_inputs(self, k, n=None):
         lead = () if k is None else (k,)
@@ -443,6 +537,13 @@ class OnlineLearner:
         self.buffers, vec = self.compiled(k)(self.buffers, x, y, active, learn)
         return np.asarray(vec)
 
+    def step_loop_unchecked(self, count: int, xs, ys, active, learn) -> np.ndarray:
+        """The engine's path for many busy slots: ``count`` steps of all slots; xs, ys,
+        active, learn (K, N, ...) of which the first ``count`` are used (K: the compiled size,
+        see ``compiled_loop``). Returns (K, vector) rows; the first ``count`` are the steps'."""
+        self.buffers, vecs = self.compiled_loop(len(xs))(self.buffers, np.int32(count), xs, ys, active, learn)
+        return np.asarray(vecs)
+
     def step_subset_unchecked(self, idx, count: int, xs, ys, active, learn) -> np.ndarray:
         """The engine's path for a few busy slots: ``count`` steps of slots ``idx`` (m,)
         int32, distinct; xs, ys, active, learn (K, m, ...) of which the first ``count`` are
@@ -492,16 +593,14 @@ class OnlineLearner:
 
     def compiled_reset(self):
         """The compiled slot reset: (buffers, slot) -> buffers."""
-        if "reset" not in self._compiled:
-            init = self._init_buffers
+        init = self._init_buffers
 
-            def reset(buffers, i):
-                state = self.layout.unpack(buffers)
-                fresh = self._slot_part(self.layout.unpack(init))    # in the program: no eager ops
-                part = jax.tree_util.tree_map(lambda a, b: a.at[i].set(b[i]), self._slot_part(state), fresh)
-                return self.layout.pack(self._with_slot_part(state, part))
-            self._compiled["reset"] = jax.jit(reset).lower(self.buffers, np.int32(0)).compile()
-        return self._compiled["reset"]
+        def reset(buffers, i):
+            state = self.layout.unpack(buffers)
+            fresh = self._slot_part(self.layout.unpack(init))    # in the program: no eager ops
+            part = jax.tree_util.tree_map(lambda a, b: a.at[i].set(b[i]), self._slot_part(state), fresh)
+            return self.layout.pack(self._with_slot_part(state, part))
+        return self._program("reset", lambda: jax.jit(reset).lower(self._avals, np.int32(0)).compile())
 
     def _slot_part(self, state) -> dict:
         """The leaves of ``state`` that belong to the slots (slot axis first): everything with
@@ -533,31 +632,40 @@ class OnlineLearner:
         loss; with per-slot weights also its weights, optimizer state and counters), to be
         put back later with ``write_slot``, into this slot or another."""
         i = self._slot_index(slot)
-        if "read_slot" not in self._compiled:
-            def read(buffers, i):
-                return jax.tree_util.tree_map(lambda a: a[i], self._slot_part(self.layout.unpack(buffers)))
-            self._compiled["read_slot"] = jax.jit(read).lower(self.buffers, i).compile()
-        return jax.device_get(self._compiled["read_slot"](self.buffers, i))
+        return jax.device_get(self.compiled_read_slot()(self.buffers, i))
+
+    def compiled_read_slot(self):
+        """The compiled slot read: (buffers, slot) -> that slot's ``_slot_part``."""
+        def read(buffers, i):
+            return jax.tree_util.tree_map(lambda a: a[i], self._slot_part(self.layout.unpack(buffers)))
+        return self._program("read_slot", lambda: jax.jit(read).lower(self._avals, np.int32(0)).compile())
+
+    def compiled_write_slot(self):
+        """The compiled slot write: (buffers, slot, part) -> buffers."""
+        def write(buffers, i, part):
+            state = self.layout.unpack(buffers)
+            new = jax.tree_util.tree_map(lambda a, b: a.at[i].set(b), self._slot_part(state), part)
+            return self.layout.pack(self._with_slot_part(state, new))
+        return self._program("write_slot", lambda: jax.jit(write).lower(self._avals, np.int32(0),
+                                                                          self._slot_struct()).compile())
+
+    def _slot_struct(self):
+        """One slot's part as shapes (traced once)."""
+        if self._slot_shapes is None:
+            self._slot_shapes = jax.eval_shape(lambda b: jax.tree_util.tree_map(
+                lambda a: a[0], self._slot_part(self.layout.unpack(b))), self._avals)
+        return self._slot_shapes
 
     def write_slot(self, slot: int, part: dict):
         """Replace ``slot``'s state with ``part`` (from ``read_slot``); other slots are untouched."""
         i = self._slot_index(slot)
-        if "write_slot" not in self._compiled:
-            want = jax.eval_shape(lambda b: jax.tree_util.tree_map(
-                lambda a: a[0], self._slot_part(self.layout.unpack(b))), self.buffers)
-
-            def write(buffers, i, part):
-                state = self.layout.unpack(buffers)
-                new = jax.tree_util.tree_map(lambda a, b: a.at[i].set(b), self._slot_part(state), part)
-                return self.layout.pack(self._with_slot_part(state, new))
-            self._slot_struct = want
-            self._compiled["write_slot"] = jax.jit(write).lower(self.buffers, i, want).compile()
-        want = self._slot_struct
+        program = self.compiled_write_slot()
+        want = self._slot_struct()
         if jax.tree_util.tree_structure(part) != jax.tree_util.tree_structure(want) or any(
                 np.shape(a) != w.shape for a, w in zip(jax.tree_util.tree_leaves(part), jax.tree_util.tree_leaves(want))):
             raise ValueError("slot state does not match this learner's slot layout (use read_slot of the same learner)")
         part = jax.tree_util.tree_map(lambda a, w: np.asarray(a, w.dtype), part, want)
-        self.buffers = self._compiled["write_slot"](self.buffers, i, part)
+        self.buffers = program(self.buffers, i, part)
 
     # ---- checkpoints ------------------------------------------------------------------
     def signature(self) -> dict:

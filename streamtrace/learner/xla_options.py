@@ -22,6 +22,12 @@ slots of GRU-64 ES-D-RTRL 0.86-0.93x, LIF-256 0.85-0.89x, 16 per-slot models of 
 (the engine's default) 0.94-0.95x, GRU-256 and ALIF-256 0.98-1.01x. The programs with a
 loop inside (micro-batches, a few busy slots' subset calls) keep the default order: there
 it measured 0.95-1.03x, no gain.
+
+Determinism: the scheduler is not only an order. The same step compiled with the two
+schedulers rounded differently (an ulp, GRU-32 D-RTRL), so every program that may serve the
+same slot -- the loop programs of an engine with subset calls -- gets the same options, and
+the one-step program (memory-optimised with many slots) serves alone in an engine without
+them (docs/decisions/determinism.md).
 """
 from __future__ import annotations
 
