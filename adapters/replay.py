@@ -385,7 +385,7 @@ def write_predictions(r: ReplayResult, path: str | Path):
 
 def run_cli(args) -> int:
     """``streamtrace replay``: a report, then one JSON line (the last line of stdout)."""
-    from streamtrace.cli import start_engine, stop
+    from streamtrace.launch import start_engine, stop
     engine = None
     try:
         endpoint = args.endpoint or DEFAULT_ENDPOINT

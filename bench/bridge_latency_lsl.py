@@ -114,7 +114,7 @@ def main(argv=None) -> int:
 
     import pylsl
     from streamtrace.adapters import SensorClient
-    from streamtrace.cli import start_engine, stop, write_config
+    from streamtrace.launch import start_engine, stop, write_config
 
     tag = uuid.uuid4().hex[:8]
     floor_name, dev_name = f"bench-floor-{tag}", f"bench-dev-{tag}"

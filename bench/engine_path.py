@@ -28,8 +28,8 @@ SPANS = ("recv", "decode", "checks", "route", "batch", "dispatch", "wait", "spli
 
 
 def sensor(endpoint, n, warmup, q):
-    from streamtrace.cli import _roundtrips
-    q.put(_roundtrips(endpoint, n, None, warmup=warmup))
+    from streamtrace.launch import roundtrips
+    q.put(roundtrips(endpoint, n, None, warmup=warmup))
 
 
 def timed(spans, name, fn):

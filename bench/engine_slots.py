@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from streamtrace.cli import _roundtrips, start_echo, start_engine, stop, write_config
+from streamtrace.launch import roundtrips, start_echo, start_engine, stop, write_config
 
 WARM_S = 8.0    # the engine compiles its other programs 2 s into constant traffic
 
@@ -25,7 +25,7 @@ def main():
     work = Path(tempfile.mkdtemp(prefix="st-slots-", dir="/tmp"))
     echo = start_echo(f"ipc://{work}/echo")
     try:
-        floor = _roundtrips(f"ipc://{work}/echo", args.steps, None, warmup=1, warm_s=1.0)
+        floor = roundtrips(f"ipc://{work}/echo", args.steps, None, warmup=1, warm_s=1.0)
     finally:
         stop(echo)
     print(f"echo p50 {np.median(floor):.0f} us, p99 {np.percentile(floor, 99):.0f} us")
@@ -41,7 +41,7 @@ def main():
                 "publish": {"weights_every": 0, "stats_every_s": 3600.0, "predictions": False}})
             proc = start_engine(cfg)
             try:
-                lat = _roundtrips(ep, args.steps if h <= 64 else max(args.steps // 5, 200), None,
+                lat = roundtrips(ep, args.steps if h <= 64 else max(args.steps // 5, 200), None,
                                   warmup=1, warm_s=WARM_S)
             finally:
                 stop(proc)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from streamtrace.cli import start_engine, stop, write_config
+from streamtrace.launch import start_engine, stop, write_config
 
 ONE_THREAD = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 
