@@ -94,11 +94,11 @@ def main(argv=None) -> int:
     unknown = set(args.only or []) - {t[0] for t in TARGETS}
     if unknown:
         p.error(f"unknown target(s) {sorted(unknown)}; choose from {[t[0] for t in TARGETS]}")
-    if args.pin_cpu is not None:
-        os.sched_setaffinity(0, {args.pin_cpu})
+    sys.path.insert(0, str(Path(__file__).parent))
+    from timing import pin
+    pin(args.pin_cpu)
     import jax
     jax.config.update("jax_cpu_enable_async_dispatch", False)
-    sys.path.insert(0, str(Path(__file__).parent))
     from reference_braintrace import AVAILABLE
     rows = []
     for name, hidden, algo, slots, wanted in TARGETS:

@@ -24,19 +24,22 @@ import numpy as np
 from .engine.config import EngineConfig
 from .launch import roundtrips, start_echo, start_engine, stop, write_config
 
-__all__ = ["bench_config", "dispatch_floor", "trace_bytes_per_slot", "format_table", "e2e_roundtrip", "run_cli"]
+__all__ = ["bench_config", "dispatch_floor", "trace_bytes_per_slot", "format_table", "e2e_roundtrip", "run_cli",
+           "percentiles", "timed"]
 
 ALGORITHMS = ("d-rtrl", "es-d-rtrl")
 E2E_WARM_S = 6.0
 
 
-def _percentiles(seconds) -> dict:
-    us = np.asarray(seconds) * 1e6
-    return {"p50": float(np.median(us)), "p99": float(np.percentile(us, 99)), "n": int(us.size)}
+def percentiles(samples, scale: float = 1e6) -> dict:
+    """Median (p50), p99 and count of ``samples * scale`` (default: seconds in, microseconds out)."""
+    a = np.asarray(samples, np.float64) * scale
+    return {"p50": float(np.median(a)), "p99": float(np.percentile(a, 99)), "n": int(a.size)}
 
 
-def _timed(call, iters: int, warmup: int, max_seconds: float):
-    """Per-call wall times of ``call`` (which must block until its result is ready)."""
+def timed(call, iters: int, warmup: int = 0, max_seconds: float = math.inf):
+    """Per-call wall times of ``call`` in seconds (it must block until its result is ready),
+    after ``warmup`` untimed calls; past ``max_seconds`` (and 20 samples) it stops early."""
     for _ in range(warmup):
         call()
     out, clock = [], time.perf_counter
@@ -55,7 +58,7 @@ def dispatch_floor(iters: int = 2000, warmup: int = 200, max_seconds: float = 5.
     import jax
     x = np.zeros(1, np.float32)
     fn = jax.jit(lambda v: v + 1).lower(x).compile()
-    return _percentiles(_timed(lambda: np.asarray(fn(x)), iters, warmup, max_seconds))
+    return percentiles(timed(lambda: np.asarray(fn(x)), iters, warmup, max_seconds))
 
 
 def trace_bytes_per_slot(learner) -> int:
@@ -86,16 +89,16 @@ def _one(cfg: EngineConfig, slots: int, iters: int, warmup: int, max_seconds: fl
     x = (0.1 * rng.standard_normal((learner.n,) + learner.x_shape)).astype(learner.x_dtype)
     y = (0.1 * rng.standard_normal((learner.n,) + learner.out_shape)).astype(learner.y_dtype)
     on = np.ones(learner.n, bool)
-    times = _timed(lambda: learner.step_unchecked(x, y, on, on), iters, warmup, max_seconds)
+    times = timed(lambda: learner.step_unchecked(x, y, on, on), iters, warmup, max_seconds)
     row = {"algorithm": cfg.learning.algorithm, "slots": slots, "build_s": t1 - t0, "compile_s": t2 - t1,
-           "step_us": _percentiles(times), "trace_bytes_per_slot": trace_bytes_per_slot(learner)}
+           "step_us": percentiles(times), "trace_bytes_per_slot": trace_bytes_per_slot(learner)}
     sizes = subset_sizes(slots)
     if sizes:   # one busy stream of many: the engine's smallest subset call, the others idle
         k, m = cfg.engine.micro_batch, sizes[0]
         xs, ys = np.repeat(x[None, :m], k, 0), np.repeat(y[None, :m], k, 0)
         act, idx = np.zeros((k, m), bool), np.arange(m, dtype=np.int32)
         act[:, 0] = True
-        row["one_busy_us"] = _percentiles(_timed(lambda: learner.step_subset_unchecked(idx, 1, xs, ys, act, act),
+        row["one_busy_us"] = percentiles(timed(lambda: learner.step_subset_unchecked(idx, 1, xs, ys, act, act),
                                                  iters, warmup, max_seconds))
     return row
 
@@ -141,7 +144,8 @@ def e2e_roundtrip(cfg: EngineConfig, config_path: str | None, steps: int) -> dic
                               warm_s=0.0 if server == "echo" else E2E_WARM_S)
         finally:
             stop(proc)
-        out[server] = {"p50": float(np.median(lat)), "p99": float(np.percentile(lat, 99))}
+        p = percentiles(lat, 1.0)
+        out[server] = {"p50": p["p50"], "p99": p["p99"]}
     out["p50_ratio"] = out["engine"]["p50"] / out["echo"]["p50"]
     out["p99_ratio"] = out["engine"]["p99"] / out["echo"]["p99"]
     return out
@@ -220,8 +224,8 @@ def run_cli(args) -> int:
                     lat = roundtrips(ep, args.steps, cpu)
                 finally:
                     stop(proc)
-                row = {"server": server, "transport": transport, "pinned": pinned,
-                       "p50": float(np.median(lat)), "p99": float(np.percentile(lat, 99))}
+                p = percentiles(lat, 1.0)
+                row = {"server": server, "transport": transport, "pinned": pinned, "p50": p["p50"], "p99": p["p99"]}
                 rows.append(row)
                 print(f"  {server:6s} {transport} {'pinned to CPU 0' if pinned else 'unpinned':15s} "
                       f"p50 {row['p50']:7.1f} us  p99 {row['p99']:7.1f} us", flush=True)
