@@ -41,7 +41,7 @@ def run_cli(args) -> int:
     print(f"streamtrace demo: engine with {args.model.upper()}-{args.hidden} ({args.algorithm}, forecast), "
           f"{args.streams} synthetic sensor streams x {args.steps} steps over ZeroMQ ipc")
     engine = start_engine(config)
-    signals = [two_tone(i, args.steps + 1) for i in range(args.streams)]
+    series = [two_tone(i, args.steps + 1) for i in range(args.streams)]
     losses = [np.full(args.steps, np.nan) for _ in range(args.streams)]
     preds = [np.full(args.steps, np.nan) for _ in range(args.streams)]
     done = [0] * args.streams
@@ -51,7 +51,7 @@ def run_cli(args) -> int:
         try:
             with SensorClient(base + "router", stream=f"sensor-{i}") as c:
                 for t in range(args.steps):
-                    r = c.step(signals[i][t:t + 1])
+                    r = c.step(series[i][t:t + 1])
                     preds[i][t] = r.pred[0]
                     losses[i][t] = np.nan if r["loss"] is None else r["loss"]
                     done[i] = t + 1
@@ -79,23 +79,23 @@ def run_cli(args) -> int:
         stats.close()
         stop(engine)
     elapsed = time.perf_counter() - t0
-    window = max(1, args.steps // 10)
+    tenth = max(1, args.steps // 10)     # the first / last tenth of the run are compared
     print(f"\n{'stream':10s} {'steps':>6s} {'first MSE':>10s} {'last MSE':>10s} {'fell':>6s}")
     ratios = []
     for i in range(args.streams):
-        first, last = np.nanmean(losses[i][1:window]), np.nanmean(losses[i][-window:])
+        first, last = np.nanmean(losses[i][1:tenth]), np.nanmean(losses[i][-tenth:])
         ratios.append(first / last)
         print(f"sensor-{i:<3d} {done[i]:6d} {first:10.4f} {last:10.5f} {first / last:5.1f}x")
     print(f"{sum(done)} steps in {elapsed:.1f}s ({sum(done) / elapsed:.0f} steps/s over {args.streams} streams)")
     for e in errors:
         print("error:", e)
     if args.plot:
-        _plot(args.plot, signals[0], preds[0], losses, window)
+        _plot(args.plot, series[0], preds[0], losses, tenth)
         print(f"plot: {args.plot}")
     return 0 if not errors and all(r > 1 for r in ratios) else 1
 
 
-def _plot(path, signal, pred, losses, window):
+def _plot(path, series, pred, losses, smooth):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -104,12 +104,12 @@ def _plot(path, signal, pred, losses, window):
     n = len(pred)
     show = slice(max(0, n - 300), n)
     t = np.arange(n)
-    a.plot(t[show], signal[1:n + 1][show], label="signal (next sample)")
+    a.plot(t[show], series[1:n + 1][show], label="signal (next sample)")
     a.plot(t[show], pred[show], "--", label="prediction")
     a.set_title("sensor-0: one-step-ahead prediction, last 300 steps")
     a.legend(loc="upper right")
     for i, l in enumerate(losses):
-        k = np.ones(window) / window
+        k = np.ones(smooth) / smooth
         b.plot(np.convolve(np.nan_to_num(l, nan=l[1]), k, mode="valid"), label=f"sensor-{i}")
     b.set_yscale("log")
     b.set_title("online loss (moving average)")

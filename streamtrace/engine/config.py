@@ -46,7 +46,8 @@ class ReservoirConfig:           # model.stack = "reservoir": n_hidden leaky tan
 
 
 @dataclass
-class SignalConfig:              # between the user's units and the model
+class InputTransformConfig:      # [signal]: the input transforms between the user's units and the model
+                                 # (not a learning signal: those are etrace.signals hooks)
     normalise: bool = False      # causal per-channel standardisation (learning waits for warm-up)
     normalise_warmup: int = 100
     normalise_rate: float = 0.0  # after warm-up: 0 = frozen statistics, else an exponential rate
@@ -133,14 +134,15 @@ class SecurityConfig:
 class MetricsConfig:
     prometheus_port: int = 0      # 0 = off; served on 127.0.0.1
     prometheus_addr: str = "127.0.0.1"
-    window: int = 1000            # rolling prequential metrics: time constant in steps
+    window: int = 1000            # rolling prequential metrics: time constant in steps (not a
+                                  # MultiStepData window, nor evaluate's scored tail)
 
 
 @dataclass
 class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     reservoir: ReservoirConfig = field(default_factory=ReservoirConfig)
-    signal: SignalConfig = field(default_factory=SignalConfig)
+    signal: InputTransformConfig = field(default_factory=InputTransformConfig)
     readout: ReadoutConfig = field(default_factory=ReadoutConfig)
     learning: LearningConfig = field(default_factory=LearningConfig)
     engine: EngineSection = field(default_factory=EngineSection)
