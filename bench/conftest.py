@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
-from timing import machine_line, percentiles, pin
+from timing import machine_line, percentiles, pin, timed
 
 RESULTS: list[dict] = []
 
@@ -34,13 +34,7 @@ def machine(config) -> str:
 def record(benchmark, request):
     """Run ``fn`` under pytest-benchmark, one call per round, and keep median/p99."""
     def run(group: str, name: str, fn, *, budget_s: float = 1.5, min_rounds: int = 50, **info):
-        for _ in range(20):
-            fn()
-        import time
-        t0 = time.perf_counter()
-        for _ in range(20):
-            fn()
-        per = (time.perf_counter() - t0) / 20
+        per = sum(timed(fn, 20, warmup=20)) / 20
         rounds = int(max(min_rounds, min(5000, budget_s / max(per, 1e-7))))
         benchmark.group = group
         benchmark.extra_info.update(info)
