@@ -67,8 +67,8 @@ def decode_sample(raw: bytes, max_bytes: int = 1 << 16, max_values: int = 1 << 1
             if not math.isfinite(ts):
                 raise BadPayload("non_finite", "'ts' is NaN or Inf")
             ts = float(ts)
-        if mode is not None and mode not in wire.MODES:
-            raise BadPayload("wrong_type", f"'mode' must be one of {wire.MODES}; got {mode!r}")
+        if mode is not None and mode not in wire.MESSAGE_MODES:
+            raise BadPayload("wrong_type", f"'mode' must be one of {wire.MESSAGE_MODES}; got {mode!r}")
         return Sample(x, y, ts, mode)
     return Sample(_values(obj, "payload", max_values))
 

@@ -12,7 +12,6 @@ error code. Neither stops the replay.
 """
 from __future__ import annotations
 
-import csv
 import json
 import math
 import sys
@@ -20,10 +19,12 @@ import time
 import tomllib
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 
 import numpy as np
+
+from streamtrace import files
+from streamtrace.files import Table, number, timestamp
 
 from .client import EngineError, SensorClient
 
@@ -39,85 +40,12 @@ class ReplayError(ValueError):
 
 
 # ---- reading ------------------------------------------------------------------------------
-@dataclass
-class Table:
-    names: list[str]
-    columns: dict[str, list]  # name -> raw cells (strings for CSV, numbers or None otherwise)
-    where: list[str]          # per row, where it is in the file ("line 7", "row 3")
-
-    def __len__(self):
-        return len(self.where)
-
-
-def _number(cell) -> float:
-    """A cell as a float; NaN when it is not one (text, empty, null)."""
-    if cell is None or isinstance(cell, bool):
-        return math.nan
-    if isinstance(cell, (int, float, np.integer, np.floating)):
-        return float(cell)
-    try:
-        return float(str(cell).strip())
-    except ValueError:
-        return math.nan
-
-
-def _timestamp(cell) -> float:
-    """Seconds: a number as it is, a date-time (Parquet), or an ISO 8601 string; NaN when neither."""
-    if isinstance(cell, datetime):
-        return cell.timestamp()
-    t = _number(cell)
-    if not math.isnan(t) or not isinstance(cell, str):
-        return t
-    try:
-        return datetime.fromisoformat(cell.strip()).timestamp()
-    except ValueError:
-        return math.nan
-
-
-def _is_value(cell: str) -> bool:
-    cell = cell.strip()
-    return cell == "" or cell.lower() in ("nan", "na") or not math.isnan(_timestamp(cell))
-
-
 def read_table(path: str | Path) -> Table:
-    """The named columns of a CSV (header row optional), NPY (columns "0", "1", ...) or Parquet
-    file, cells kept as they are so that bad ones can be reported row by row."""
-    from streamtrace.tasks import TaskError, load_npy, parquet_columns
-    path = Path(path)
-    if not path.is_file():
-        raise ReplayError(f"{path}: no such file")
-    suffix = path.suffix.lower()
-    if suffix == ".parquet":
-        try:
-            cols = parquet_columns(path)
-        except TaskError as e:
-            raise ReplayError(str(e)) from None
-        n = len(next(iter(cols.values()), []))
-        return Table(list(cols), {str(k): list(v) for k, v in cols.items()}, [f"row {i + 1}" for i in range(n)])
-    if suffix == ".npy":
-        try:
-            a = load_npy(path)
-        except TaskError as e:
-            raise ReplayError(str(e)) from None
-        names = [str(j) for j in range(a.shape[1])]
-        return Table(names, {n: a[:, j] for j, n in enumerate(names)}, [f"row {i + 1}" for i in range(len(a))])
+    """:func:`streamtrace.files.read_table`, its errors as ReplayError."""
     try:
-        with open(path, newline="") as fh:
-            reader = csv.reader(fh)
-            rows = [(reader.line_num, r) for r in reader if r and any(c.strip() for c in r)]
-    except (UnicodeDecodeError, csv.Error) as e:
-        raise ReplayError(f"{path}: not a readable CSV file ({e})") from None
-    if not rows:
-        raise ReplayError(f"{path}: empty file")
-    header = not all(_is_value(c) for c in rows[0][1])
-    body = rows[1:] if header else rows
-    width = max([len(rows[0][1])] + [len(r) for _, r in body])
-    names = [c.strip() for c in rows[0][1]] if header else []
-    names += [str(j) for j in range(len(names), width)]
-    if len(set(names)) != len(names):
-        raise ReplayError(f"{path}: the header names a column twice: {names}")
-    columns = {n: [r[j] if j < len(r) else "" for _, r in body] for j, n in enumerate(names)}
-    return Table(names, columns, [f"line {line}" for line, _ in body])
+        return files.read_table(path)
+    except files.FileError as e:
+        raise ReplayError(str(e)) from None
 
 
 # ---- choosing what to send ---------------------------------------------------------------------
@@ -152,7 +80,7 @@ def select_rows(table: Table, columns=None, target_columns=None, time_column: st
         inputs = _pick(table, columns, "--columns")
     else:
         def numeric(n):
-            v = np.array([_number(c) for c in table.columns[n]])
+            v = np.array([number(c) for c in table.columns[n]])
             return np.isfinite(v).sum() > len(v) / 2
         inputs = [n for n in table.names if n not in targets + times and numeric(n)]
     if not inputs:
@@ -165,7 +93,7 @@ def select_rows(table: Table, columns=None, target_columns=None, time_column: st
         a = np.empty((len(table), len(names)))
         for j, n in enumerate(names):
             for i, cell in enumerate(table.columns[n]):
-                a[i, j] = v = _number(cell)
+                a[i, j] = v = number(cell)
                 if not math.isfinite(v) and i not in bad:
                     bad[i] = f"column {n!r} is not a finite number: {cell!r}"
         return a
@@ -173,7 +101,7 @@ def select_rows(table: Table, columns=None, target_columns=None, time_column: st
     x, y = values(inputs), values(targets) if targets else None
     ts = None
     if times:
-        ts = np.array([_timestamp(c) for c in table.columns[times[0]]])
+        ts = np.array([timestamp(c) for c in table.columns[times[0]]])
         for i in np.flatnonzero(~np.isfinite(ts)):
             bad.setdefault(int(i), f"time column {times[0]!r} is not a number or ISO date-time: "
                                    f"{table.columns[times[0]][i]!r}")
@@ -385,7 +313,7 @@ def write_predictions(r: ReplayResult, path: str | Path):
 
 def run_cli(args) -> int:
     """``streamtrace replay``: a report, then one JSON line (the last line of stdout)."""
-    from streamtrace.cli import start_engine, stop
+    from streamtrace.launch import start_engine, stop
     engine = None
     try:
         endpoint = args.endpoint or DEFAULT_ENDPOINT

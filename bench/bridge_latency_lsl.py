@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -31,6 +30,7 @@ import uuid
 from pathlib import Path
 
 import numpy as np
+from timing import cpu_name, percentiles
 
 ENGINE = {
     "model": {"stack": "gru", "n_in": 2, "n_hidden": 64, "n_out": 2},
@@ -93,11 +93,6 @@ def open_answers(name: str, outlet, timeout: float = 120.0):
     raise RuntimeError(f"no LSL stream {name!r} within {timeout} s")
 
 
-def pct(a: np.ndarray) -> dict:
-    a = np.asarray(a) * 1e6
-    return {"p50": float(np.median(a)), "p99": float(np.percentile(a, 99)), "n": int(a.size)}
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=2000, help="round trips per path (after warm-up)")
@@ -114,7 +109,7 @@ def main(argv=None) -> int:
 
     import pylsl
     from streamtrace.adapters import SensorClient
-    from streamtrace.cli import start_engine, stop, write_config
+    from streamtrace.launch import start_engine, stop, write_config
 
     tag = uuid.uuid4().hex[:8]
     floor_name, dev_name = f"bench-floor-{tag}", f"bench-dev-{tag}"
@@ -172,13 +167,11 @@ def main(argv=None) -> int:
         bridge_stats = json.loads((sock / "bridge.json").read_text()) if (sock / "bridge.json").exists() else {}
         shutil.rmtree(sock, ignore_errors=True)
 
-    res = {p: pct(np.concatenate(v)) for p, v in got.items()}
+    res = {p: percentiles(np.concatenate(v)) for p, v in got.items()}
     fl, en, br = res["bus floor"], res["engine e2e"], res["bridge"]
     ratio = {q: (br[q] - fl[q]) / en[q] for q in ("p50", "p99")}
     overhead = {q: br[q] - fl[q] - en[q] for q in ("p50", "p99")}
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-               platform.processor())
-    out = {"machine": f"{cpu}, {os.cpu_count()} CPUs", "transport": args.transport, "model": "GRU-64 D-RTRL forecast",
+    out = {"machine": f"{cpu_name()}, {os.cpu_count()} CPUs", "transport": args.transport, "model": "GRU-64 D-RTRL forecast",
            "paths_us": res, "bridge_minus_floor_over_e2e": ratio, "bridge_overhead_us": overhead,
            "engine_rtt_seen_by_bridge_us": bridge_stats.get("engine_rtt_us")}
     print(f"LSL bridge latency ({out['machine']}, engine over {args.transport}, {out['model']}, "

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import queue
 import subprocess
 import sys
@@ -27,6 +26,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from timing import cpu_name, percentiles, timed
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))     # the test broker and engine helpers
@@ -83,11 +83,6 @@ def wait_answering(dev: Device, topic: str, x: list, what: str, timeout: float =
     raise SystemExit(f"{what} did not answer within {timeout:.0f} s")
 
 
-def pct(a) -> dict:
-    a = np.asarray(a) * 1e6
-    return {"p50": float(np.median(a)), "p99": float(np.percentile(a, 99))}
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=2000, help="timed round trips per kind and round")
@@ -121,11 +116,7 @@ def main(argv=None) -> int:
                 for kind in samples:
                     n = args.warmup + args.steps
                     if kind == "engine":
-                        t = np.empty(n)
-                        for i in range(n):
-                            t0 = time.perf_counter()
-                            sensor.step(x)
-                            t[i] = time.perf_counter() - t0
+                        t = np.asarray(timed(lambda: sensor.step(x), n))
                     else:
                         t = dev.round_trips("floor/dev/data" if kind == "floor" else "sensors/dev/data", n, x)
                     samples[kind].append(t[args.warmup:])
@@ -134,11 +125,10 @@ def main(argv=None) -> int:
             for p in procs:
                 p.terminate()
                 p.wait(10)
-    res = {k: pct(np.concatenate(v)) for k, v in samples.items()}
+    res = {k: percentiles(np.concatenate(v)) for k, v in samples.items()}
     res["ratio"] = {q: res["bridge"][q] / (res["engine"][q] + res["floor"][q]) for q in ("p50", "p99")}
     res["added_over_engine"] = {q: (res["bridge"][q] - res["floor"][q]) / res["engine"][q] for q in ("p50", "p99")}
-    res["setup"] = {"broker": broker.kind, "steps": args.steps * args.rounds, "cpu": platform.processor() or
-                    platform.machine(), "cpus": os.cpu_count(), "model": "GRU-64 d-rtrl, 4 inputs"}
+    res["setup"] = {"broker": broker.kind, "steps": args.steps * args.rounds, "cpu": cpu_name(), "cpus": os.cpu_count(), "model": "GRU-64 d-rtrl, 4 inputs"}
     if args.json:
         print(json.dumps(res))
         return 0

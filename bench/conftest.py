@@ -2,12 +2,10 @@
 all from one run). Options: --pin-cpu N pins this process to CPU N; --async-dispatch keeps
 jax's asynchronous CPU dispatch (off by default: every step is awaited anyway)."""
 import json
-import os
-import platform
 from pathlib import Path
 
-import numpy as np
 import pytest
+from timing import machine_line, percentiles, pin, timed
 
 RESULTS: list[dict] = []
 
@@ -21,46 +19,29 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     import jax
-    if config.getoption("--pin-cpu") is not None:
-        os.sched_setaffinity(0, {config.getoption("--pin-cpu")})
+    pin(config.getoption("--pin-cpu"))
     if not config.getoption("--async-dispatch"):
         jax.config.update("jax_cpu_enable_async_dispatch", False)
 
 
 def machine(config) -> str:
-    import jax
-    cpu = "unknown CPU"
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    pin = config.getoption("--pin-cpu")
-    return (f"{cpu}, {os.cpu_count()} vCPU, Python {platform.python_version()}, jax {jax.__version__}, "
-            f"{'pinned to CPU ' + str(pin) if pin is not None else 'unpinned'}, "
-            f"{'async' if config.getoption('--async-dispatch') else 'sync'} dispatch")
+    cpu = config.getoption("--pin-cpu")
+    return machine_line(f"pinned to CPU {cpu}" if cpu is not None else "unpinned",
+                        f"{'async' if config.getoption('--async-dispatch') else 'sync'} dispatch")
 
 
 @pytest.fixture
 def record(benchmark, request):
     """Run ``fn`` under pytest-benchmark, one call per round, and keep median/p99."""
     def run(group: str, name: str, fn, *, budget_s: float = 1.5, min_rounds: int = 50, **info):
-        for _ in range(20):
-            fn()
-        import time
-        t0 = time.perf_counter()
-        for _ in range(20):
-            fn()
-        per = (time.perf_counter() - t0) / 20
+        per = sum(timed(fn, 20, warmup=20)) / 20
         rounds = int(max(min_rounds, min(5000, budget_s / max(per, 1e-7))))
         benchmark.group = group
         benchmark.extra_info.update(info)
         benchmark.pedantic(fn, rounds=rounds, iterations=1, warmup_rounds=10)
-        data = np.asarray(benchmark.stats.stats.data) * 1e6 / info.get("per_call", 1)   # per step
-        RESULTS.append({"group": group, "name": name, "median_us": float(np.median(data)),
-                        "p99_us": float(np.percentile(data, 99)), "rounds": len(data), **info})
+        p = percentiles(benchmark.stats.stats.data, 1e6 / info.get("per_call", 1))   # us per step
+        RESULTS.append({"group": group, "name": name, "median_us": p["p50"], "p99_us": p["p99"], "rounds": p["n"],
+                        **info})
     return run
 
 

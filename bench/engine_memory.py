@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from streamtrace.adapters import SensorClient
-from streamtrace.cli import start_engine, stop, write_config
+from streamtrace.launch import start_engine, stop, write_config
 from streamtrace.engine.memory import rss_mb
 
 IMPORTS = "import jax, streamtrace.engine.server, streamtrace.engine.build, streamtrace.learner, sys; " \

@@ -28,8 +28,8 @@ SPANS = ("recv", "decode", "checks", "route", "batch", "dispatch", "wait", "spli
 
 
 def sensor(endpoint, n, warmup, q):
-    from streamtrace.cli import _roundtrips
-    q.put(_roundtrips(endpoint, n, None, warmup=warmup))
+    from streamtrace.launch import roundtrips
+    q.put(roundtrips(endpoint, n, None, warmup=warmup))
 
 
 def timed(spans, name, fn):
@@ -173,7 +173,9 @@ def main(argv=None):
     py = wall - rows["dispatch"] - rows["wait"]
     print(f"\nengine wall minus the step and its output ({py:.1f} us): Python and sockets per message, "
           f"in the loop (caches cold after each step); --python-only for the hot-loop Python alone")
-    print(f"sensor round trip: p50 {np.median(rt):.0f} us, p99 {np.percentile(rt, 99):.0f} us")
+    from timing import percentiles
+    p = percentiles(rt, 1.0)
+    print(f"sensor round trip: p50 {p['p50']:.0f} us, p99 {p['p99']:.0f} us")
 
 
 if __name__ == "__main__":

@@ -8,9 +8,8 @@ import argparse
 import tempfile
 from pathlib import Path
 
-import numpy as np
-
-from streamtrace.cli import _roundtrips, start_echo, start_engine, stop, write_config
+from streamtrace.launch import roundtrips, start_echo, start_engine, stop, write_config
+from timing import percentiles
 
 WARM_S = 8.0    # the engine compiles its other programs 2 s into constant traffic
 
@@ -25,10 +24,11 @@ def main():
     work = Path(tempfile.mkdtemp(prefix="st-slots-", dir="/tmp"))
     echo = start_echo(f"ipc://{work}/echo")
     try:
-        floor = _roundtrips(f"ipc://{work}/echo", args.steps, None, warmup=1, warm_s=1.0)
+        floor = roundtrips(f"ipc://{work}/echo", args.steps, None, warmup=1, warm_s=1.0)
     finally:
         stop(echo)
-    print(f"echo p50 {np.median(floor):.0f} us, p99 {np.percentile(floor, 99):.0f} us")
+    p = percentiles(floor, 1.0)
+    print(f"echo p50 {p['p50']:.0f} us, p99 {p['p99']:.0f} us")
     rows = ["| model | slots | p50 µs | p99 µs | p50 / 1-slot engine |", "|---|---:|---:|---:|---:|"]
     for h in args.hidden:
         base = None
@@ -41,11 +41,12 @@ def main():
                 "publish": {"weights_every": 0, "stats_every_s": 3600.0, "predictions": False}})
             proc = start_engine(cfg)
             try:
-                lat = _roundtrips(ep, args.steps if h <= 64 else max(args.steps // 5, 200), None,
+                lat = roundtrips(ep, args.steps if h <= 64 else max(args.steps // 5, 200), None,
                                   warmup=1, warm_s=WARM_S)
             finally:
                 stop(proc)
-            p50, p99 = float(np.median(lat)), float(np.percentile(lat, 99))
+            p = percentiles(lat, 1.0)
+            p50, p99 = p["p50"], p["p99"]
             base = base or p50
             rows.append(f"| GRU-{h} {args.algorithm} | {slots} | {p50:.0f} | {p99:.0f} | {p50 / base:.2f} |")
             print(rows[-1], flush=True)

@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -50,25 +49,16 @@ def sides(hidden, algo, slots, reference: bool) -> dict:
 
 def paired(fns: dict, rounds: int, round_s: float) -> dict:
     """{side: [median us per round]}: every side timed once per round, in turn."""
+    from timing import percentiles, timed
     for f in fns.values():          # compile caches, first-call allocations
         for _ in range(20):
             f()
-    per_call = {}
-    for name, f in fns.items():
-        t0 = time.perf_counter()
-        for _ in range(5):
-            f()
-        per_call[name] = (time.perf_counter() - t0) / 5
+    per_call = {name: float(np.mean(timed(f, 5))) for name, f in fns.items()}
     calls = {name: max(5, min(2000, int(round_s / max(t, 1e-7)))) for name, t in per_call.items()}
     med = {name: [] for name in fns}
     for r in range(rounds):
         for name, f in fns.items():
-            ts = np.empty(calls[name])
-            for i in range(calls[name]):
-                t0 = time.perf_counter_ns()
-                f()
-                ts[i] = time.perf_counter_ns() - t0
-            med[name].append(float(np.median(ts)) / 1e3)
+            med[name].append(percentiles(timed(f, calls[name]))["p50"])
         print(f"  round {r + 1}/{rounds}: " + ", ".join(f"{n} {v[-1]:.1f}" for n, v in med.items()),
               file=sys.stderr, flush=True)
     return med
@@ -94,11 +84,11 @@ def main(argv=None) -> int:
     unknown = set(args.only or []) - {t[0] for t in TARGETS}
     if unknown:
         p.error(f"unknown target(s) {sorted(unknown)}; choose from {[t[0] for t in TARGETS]}")
-    if args.pin_cpu is not None:
-        os.sched_setaffinity(0, {args.pin_cpu})
+    sys.path.insert(0, str(Path(__file__).parent))
+    from timing import pin
+    pin(args.pin_cpu)
     import jax
     jax.config.update("jax_cpu_enable_async_dispatch", False)
-    sys.path.insert(0, str(Path(__file__).parent))
     from reference_braintrace import AVAILABLE
     rows = []
     for name, hidden, algo, slots, wanted in TARGETS:

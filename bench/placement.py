@@ -19,7 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from streamtrace.cli import start_engine, stop, write_config
+from streamtrace.launch import start_engine, stop, write_config
+from timing import percentiles, pin, timed, unpin
 
 ONE_THREAD = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 
@@ -27,14 +28,9 @@ ONE_THREAD = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 def one_sensor(ep, n):
     from streamtrace.adapters import SensorClient
     x = np.zeros(1, np.float32)
-    out = np.empty(n)
     with SensorClient(ep, stream="s", timeout_s=60) as c:
-        for i in range(300 + n):
-            t = time.perf_counter()
-            c.step(x)
-            if i >= 300:
-                out[i - 300] = time.perf_counter() - t
-    return {"p50_us": float(np.median(out) * 1e6), "p99_us": float(np.percentile(out, 99) * 1e6)}
+        p = percentiles(timed(lambda: c.step(x), n, warmup=300))
+    return {"p50_us": p["p50"], "p99_us": p["p99"]}
 
 
 def many_streams(ep, streams, rounds):
@@ -77,12 +73,11 @@ def run(work, name, *, engine_cpu, sensor_cpu, xla_one_thread, streams, n):
         else:
             os.environ["XLA_FLAGS"] = env_before
     try:
-        if sensor_cpu >= 0:
-            os.sched_setaffinity(0, {sensor_cpu})
+        pin(sensor_cpu)
         time.sleep(3)      # the micro-batch sizes compile after the first quiet second
         return one_sensor(ep, n) if streams == 1 else many_streams(ep, streams, max(n // streams, 20))
     finally:
-        os.sched_setaffinity(0, set(range(os.cpu_count())))
+        unpin()
         stop(proc)
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -213,16 +212,8 @@ def _persistence_fn(task: Task):
 
 
 def machine() -> str:
-    cpu = "unknown CPU"
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    import jax
-    return f"{cpu}, {os.cpu_count()} CPUs, Python {platform.python_version()}, jax {jax.__version__}"
+    from timing import machine_line
+    return machine_line()
 
 
 def markdown(rows, header: str) -> str:

@@ -114,13 +114,10 @@ def jax_esn_rls(units=500, n_in=1, n_out=1, lr=1.0, sr=0.9, input_scaling=1.0, d
 def jax_esn_rls_step_us(units=500, calls=3000, seed=0, dtype="float32", delta=1e-4) -> tuple[float, float]:
     """The jitted ESN + RLS step alone in a tight loop (no scoring, no Python wrapper): median
     and 10th-percentile microseconds per call, the floor a learner of this size can reach."""
-    import time
+    from timing import timed
     fn = jax_esn_rls(units=units, delta=delta, seed=seed, dtype=dtype)
     xs = np.sin(0.1 * np.arange(calls + 1))
     fn(xs[0], xs[1])                                  # compile
-    times = np.empty(calls)
-    for i in range(calls):
-        t0 = time.perf_counter()
-        fn(xs[i], xs[i + 1])                          # returns the prediction as numpy: synchronous
-        times[i] = time.perf_counter() - t0
+    pairs = iter(zip(xs[:-1], xs[1:]))
+    times = np.asarray(timed(lambda: fn(*next(pairs)), calls))   # fn returns numpy: synchronous
     return float(np.median(times) * 1e6), float(np.percentile(times, 10) * 1e6)

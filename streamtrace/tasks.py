@@ -6,13 +6,15 @@ prediction made at step t is scored against. Forecast tasks have ``targets[t] = 
 """
 from __future__ import annotations
 
-import csv
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-__all__ = ["Task", "mackey_glass", "narma10", "lorenz", "co2", "sunspots", "load_file", "parquet_columns", "forward_fill", "get_task",
+from .files import FileError, is_gap, load_npy, number, read_table
+
+__all__ = ["Task", "mackey_glass", "narma10", "lorenz", "co2", "sunspots", "load_file", "forward_fill", "get_task",
            "TASKS", "TaskError"]
 
 
@@ -179,74 +181,21 @@ def sunspots() -> np.ndarray:
 
 
 # ---- files --------------------------------------------------------------------------------
-def load_npy(path: str | Path) -> np.ndarray:
-    """A 1-D or 2-D numeric .npy file as a (time, channels) float64 array (no pickles)."""
-    try:
-        x = np.load(path, allow_pickle=False)
-    except ValueError as e:
-        raise TaskError(f"{path}: not a numeric .npy array ({e})") from None
-    if x.dtype.kind not in "fiu" or x.ndim not in (1, 2):
-        raise TaskError(f"{path}: need a 1-D or 2-D numeric array; got {x.dtype} of shape {x.shape}")
-    return x.reshape(len(x), -1).astype(np.float64)
-
-
 def load_file(path: str | Path) -> np.ndarray:
-    """A (time, channels) series from a .npy, .parquet or CSV file (optional header row; every
-    column whose values are all numbers or empty is a channel; empty cells are forward-filled)."""
-    path = Path(path)
-    if not path.is_file():
-        raise TaskError(f"{path}: no such file")
-    if path.suffix.lower() == ".parquet":
-        cols = [np.asarray(c, np.float64) for c in parquet_columns(path).values()
-                if all(isinstance(v, (int, float)) or v is None for v in c)]
-        if not cols or len(cols[0]) < 3:
-            raise TaskError(f"{path}: no numeric columns with at least 3 rows")
-        return forward_fill(np.array(cols, np.float64).T)   # None (a null) became NaN: a gap
-    if path.suffix.lower() == ".npy":
-        return forward_fill(load_npy(path))
-    with open(path, newline="") as fh:
-        rows = [r for r in csv.reader(fh) if r and any(c.strip() for c in r)]
-    if not rows:
-        raise TaskError(f"{path}: empty file")
-
-    def num(cell):
-        cell = cell.strip()
-        if cell == "" or cell.lower() in ("nan", "na"):
-            return np.nan
-        return float(cell)
-
-    def numeric_row(r):
-        try:
-            [num(c) for c in r]
-            return True
-        except ValueError:
-            return False
-
-    header = not numeric_row(rows[0])
-    body = rows[1:] if header else rows
-    width = max(len(r) for r in body) if body else 0
-    cols = []
-    for c in range(width):
-        try:
-            cols.append([num(r[c]) if c < len(r) else np.nan for r in body])
-        except ValueError:
-            continue   # a text column (a timestamp, a label): not a channel
-    if not cols or len(body) < 3:
+    """A (time, channels) series from a .npy, .parquet or CSV file (read by
+    :func:`streamtrace.files.read_table`): every column whose cells are all numbers or gaps is a
+    channel (a text column, a timestamp or a label, is not); gaps are forward-filled."""
+    try:
+        if Path(path).suffix.lower() == ".npy":
+            return forward_fill(load_npy(path))
+        table = read_table(path)
+    except FileError as e:
+        raise TaskError(str(e)) from None
+    cols = [[number(c) for c in cells] for cells in table.columns.values()
+            if all(is_gap(c) or not math.isnan(number(c)) for c in cells)]
+    if not cols or len(table) < 3:
         raise TaskError(f"{path}: no numeric columns with at least 3 rows")
     return forward_fill(np.array(cols, np.float64).T)
-
-
-def parquet_columns(path: str | Path) -> dict[str, list]:
-    """A Parquet file's columns by name, as Python lists (pyarrow is optional: only this needs it)."""
-    try:
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise TaskError(f"{path}: reading Parquet needs pyarrow (pip install pyarrow), "
-                        "or convert the file to CSV / NPY") from None
-    try:
-        return pq.read_table(path).to_pydict()
-    except Exception as e:   # pyarrow raises several kinds for a damaged file
-        raise TaskError(f"{path}: not a readable Parquet file ({e})") from None
 
 
 # ---- by name ------------------------------------------------------------------------------

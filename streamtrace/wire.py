@@ -29,7 +29,7 @@ MAX_STREAM_ID = 128
 ALLOWED_DTYPES = ("<f4", "<f8", "<f2", "<i4", "<i8", "<i2", "|i1", "|u1", "<u2", "<u4")
 DATA_FIELDS = {"v", "type", "stream", "seq", "ts", "x", "y", "mode"}
 OPTIONAL_FIELDS = {"ts", "y", "mode"}   # nil means absent
-MODES = ("learn", "predict")
+MESSAGE_MODES = ("learn", "predict")   # per data message (the learner's modes: learner.step.MODES)
 ARRAY_FIELDS = {"dtype", "shape", "data"}
 SMALL = 16      # up to this many elements a Python loop checks finiteness faster than numpy
 
@@ -133,8 +133,8 @@ def decode_data(msg: dict, x_shape: tuple, y_shape: tuple, x_dtype=None, y_dtype
     if not isinstance(ts, (int, float)) or isinstance(ts, bool) or not math.isfinite(ts):
         raise WireError("bad_ts", "'ts' must be a finite number")
     mode = msg.get("mode", "learn")
-    if mode not in MODES:
-        raise WireError("bad_mode", f"'mode' must be one of {MODES}; got {mode!r}")
+    if mode not in MESSAGE_MODES:
+        raise WireError("bad_mode", f"'mode' must be one of {MESSAGE_MODES}; got {mode!r}")
     if msg.get("x") is None:
         raise WireError("missing_field", "data message has no 'x'")
     x = _checked(unpack_array(msg["x"], "x"), "x", x_shape, x_dtype)

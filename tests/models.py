@@ -125,6 +125,23 @@ class Chained(brainstate.nn.Module):
         return u
 
 
+def online_grads(algo, xs, ys):
+    """The online gradient at every step: ``algo`` run over ``xs`` with jax.grad of the MSE to
+    ``ys`` through one step at a time (the traces carry the history). Returns (params, grads)."""
+    params, hidden, traces = algo.init_state()
+
+    def loss(p, h, tr, x, y):
+        out, h, tr = algo(p, h, tr, x)
+        return mse(out, y), (h, tr)
+
+    step = jax.jit(jax.grad(loss, has_aux=True))
+    grads = []
+    for t in range(len(xs)):
+        g, (hidden, traces) = step(params, hidden, traces, xs[t], ys[t])
+        grads.append(g)
+    return params, grads
+
+
 def chained_net(**kw):
     return make(Stack(Chained, gain=1.0, **kw))
 

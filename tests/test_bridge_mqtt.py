@@ -31,7 +31,7 @@ from streamtrace import wire
 from streamtrace.adapters import SensorClient
 from streamtrace.adapters.mqtt import MqttBridge, MqttSettings, settings_from, topic_matches
 from streamtrace.adapters.payload import REASONS, BadPayload, decode_sample
-from streamtrace.cli import write_config
+from streamtrace.launch import write_config
 from streamtrace.engine.config import ConfigError
 
 GRU = {

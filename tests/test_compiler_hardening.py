@@ -12,7 +12,7 @@ import pytest
 import streamtrace as st
 from streamtrace.etrace.errors import CompileError
 
-from models import (bptt_grads, custom_leaky_net, mse, rel_err, soft_clip, unit_norm, vjp_lif_net)
+from models import (bptt_grads, custom_leaky_net, mse, online_grads, rel_err, soft_clip, unit_norm, vjp_lif_net)
 
 T = 30
 
@@ -20,21 +20,6 @@ T = 30
 def data(n_in=3, n_out=2, batch=2, steps=T, seed=1, scale=1.0):
     kx, ky = jax.random.split(jax.random.PRNGKey(seed))
     return (scale * jax.random.normal(kx, (steps, batch, n_in)), jax.random.normal(ky, (steps, batch, n_out)))
-
-
-def online_grads(algo, xs, ys):
-    params, hidden, traces = algo.init_state()
-
-    def loss(p, h, tr, x, y):
-        out, h, tr = algo(p, h, tr, x)
-        return mse(out, y), (h, tr)
-
-    step = jax.jit(jax.grad(loss, has_aux=True))
-    grads = []
-    for t in range(len(xs)):
-        g, (hidden, traces) = step(params, hidden, traces, xs[t], ys[t])
-        grads.append(g)
-    return params, grads
 
 
 def worst_vs_bptt(model, algo, xs, ys, steps=(0, 3, 11, T - 1)):

@@ -19,7 +19,8 @@ import pytest
 
 from streamtrace import wire
 from streamtrace.adapters import SensorClient
-from streamtrace.cli import _signal, start_engine, stop, write_config
+from streamtrace.demo import two_tone
+from streamtrace.launch import start_engine, stop, write_config
 from streamtrace.engine import load_config
 from streamtrace.engine.core import EngineCore
 from streamtrace.learner import checkpoint as checkpoint_module
@@ -83,7 +84,7 @@ def test_sigkill_mid_stream_resumes_from_the_last_checkpoint_and_keeps_learning(
     sections = _sections(work, ckpt, checkpoint={"every": EVERY})
     config = write_config(work / "engine.toml", sections)
     router = sections["sockets"]["router"]
-    sig = _signal(0, KILL_AT + IN_FLIGHT + AFTER + 1)
+    sig = two_tone(0, KILL_AT + IN_FLIGHT + AFTER + 1)
     losses = np.full(len(sig), np.nan)
     proc = None
     try:

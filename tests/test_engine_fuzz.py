@@ -17,7 +17,7 @@ from hypothesis import strategies as hs
 
 from streamtrace import wire
 from streamtrace.adapters import SensorClient
-from streamtrace.cli import start_engine, stop, write_config
+from streamtrace.launch import start_engine, stop, write_config
 from streamtrace.engine import load_config
 from streamtrace.engine.core import EngineCore
 

@@ -8,25 +8,10 @@ import pytest
 
 import streamtrace as st
 
-from models import (alif_net, bptt_grads, chained_net, diag_rnn_net, gru_net, lif_net, lstm_net, mse, rate_net,
-                    rel_err)
+from models import (alif_net, bptt_grads, chained_net, diag_rnn_net, gru_net, lif_net, lstm_net, mse, online_grads,
+                    rate_net, rel_err)
 
 T = 50
-
-
-def online_grads(algo, xs, ys):
-    params, hidden, traces = algo.init_state()
-
-    def loss(p, h, tr, x, y):
-        out, h, tr = algo(p, h, tr, x)
-        return mse(out, y), (h, tr)
-
-    step = jax.jit(jax.grad(loss, has_aux=True))
-    grads = []
-    for t in range(len(xs)):
-        g, (hidden, traces) = step(params, hidden, traces, xs[t], ys[t])
-        grads.append(g)
-    return params, grads
 
 
 def data(model_in=3, model_out=2, batch=2, steps=T, seed=1):

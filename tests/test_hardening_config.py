@@ -20,7 +20,7 @@ import zmq
 import zmq.auth
 
 from streamtrace.adapters import SensorClient
-from streamtrace.cli import write_config
+from streamtrace.launch import write_config
 from streamtrace.engine import ConfigError, load_config
 from streamtrace.engine.build import build_learner
 from streamtrace.engine.server import open_engine

@@ -13,7 +13,7 @@ import zmq
 
 from streamtrace import wire
 from streamtrace.adapters import SensorClient, Subscriber
-from streamtrace.cli import start_engine, stop, write_config
+from streamtrace.launch import start_engine, stop, write_config
 from streamtrace.engine import load_config
 from streamtrace.engine.core import EngineCore
 from streamtrace.engine.receive import recv_message

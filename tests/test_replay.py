@@ -18,7 +18,8 @@ import pytest
 
 from streamtrace.adapters import SensorClient
 from streamtrace.adapters.replay import ReplayError, read_table, replay, select_rows
-from streamtrace.cli import main, start_engine, stop, write_config
+from streamtrace.cli import main
+from streamtrace.launch import start_engine, stop, write_config
 from streamtrace.tasks import TaskError, load_file
 
 ROWS, BAD_ROW = 200, 57            # BAD_ROW: data row with a text cell in column a

@@ -13,7 +13,8 @@ from models import lif_net, make, online_rows
 
 import streamtrace as st
 from streamtrace import nn
-from streamtrace.etrace.signals import Chain, LearningSignal, as_signal
+from streamtrace.etrace.signals import LearningSignal, as_signal
+from streamtrace.etrace.signals import SignalChain as Chain
 
 T = 15
 B_, N_IN, N_H, N_OUT = 2, 3, 5, 2

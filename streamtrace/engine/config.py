@@ -46,7 +46,8 @@ class ReservoirConfig:           # model.stack = "reservoir": n_hidden leaky tan
 
 
 @dataclass
-class SignalConfig:              # between the user's units and the model
+class InputTransformConfig:      # [signal]: the input transforms between the user's units and the model
+                                 # (not a learning signal: those are etrace.signals hooks)
     normalise: bool = False      # causal per-channel standardisation (learning waits for warm-up)
     normalise_warmup: int = 100
     normalise_rate: float = 0.0  # after warm-up: 0 = frozen statistics, else an exponential rate
@@ -133,14 +134,15 @@ class SecurityConfig:
 class MetricsConfig:
     prometheus_port: int = 0      # 0 = off; served on 127.0.0.1
     prometheus_addr: str = "127.0.0.1"
-    window: int = 1000            # rolling prequential metrics: time constant in steps
+    window: int = 1000            # rolling prequential metrics: time constant in steps (not a
+                                  # MultiStepData window, nor evaluate's scored tail)
 
 
 @dataclass
 class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     reservoir: ReservoirConfig = field(default_factory=ReservoirConfig)
-    signal: SignalConfig = field(default_factory=SignalConfig)
+    signal: InputTransformConfig = field(default_factory=InputTransformConfig)
     readout: ReadoutConfig = field(default_factory=ReadoutConfig)
     learning: LearningConfig = field(default_factory=LearningConfig)
     engine: EngineSection = field(default_factory=EngineSection)
@@ -154,8 +156,18 @@ class EngineConfig:
 
     def validate(self) -> "EngineConfig":
         """Every value on its own and against the others; what needs the machine (files,
-        ports, CPUs, the factory's module) is checked by ``engine.preflight``."""
-        m, l, e = self.model, self.learning, self.engine
+        ports, CPUs, the factory's module) is checked by ``engine.preflight``. Sections in a
+        fixed order: with several bad values, the first one found is the one named."""
+        self._validate_model()
+        self._validate_learning()
+        self._validate_engine()
+        self._validate_outputs()
+        self._validate_security()
+        self._validate_metrics()
+        return self
+
+    def _validate_model(self):
+        m = self.model
         from ..nn import STACKS
         if m.factory:
             if not _FACTORY.match(m.factory):
@@ -171,10 +183,14 @@ class EngineConfig:
         if m.readout not in ("", "linear", "leaky"):
             raise ConfigError("model.readout", f"{m.readout!r}: choose 'linear' or 'leaky' (or leave it out)")
         _int_range("model.seed", m.seed, 0, 2**32 - 1)
-        if l.algorithm not in ("d-rtrl", "es-d-rtrl", "rtrl"):
-            raise ConfigError("learning.algorithm", f"{l.algorithm!r}: choose d-rtrl, es-d-rtrl or rtrl")
-        if l.mode not in ("forecast", "supervised"):
-            raise ConfigError("learning.mode", f"{l.mode!r}: choose forecast or supervised")
+
+    def _validate_learning(self):
+        m, l = self.model, self.learning
+        algorithms, modes = _algorithm_names(), config_modes()
+        if l.algorithm not in algorithms:
+            raise ConfigError("learning.algorithm", f"{l.algorithm!r}: choose {_one_of(algorithms)}")
+        if l.mode not in modes:
+            raise ConfigError("learning.mode", f"{l.mode!r}: choose {_one_of(modes)}")
         if l.optimizer not in OPTIMIZERS:
             raise ConfigError("learning.optimizer", f"{l.optimizer!r}: choose one of {sorted(OPTIMIZERS)}")
         _positive("learning.lr", l.lr)
@@ -196,6 +212,9 @@ class EngineConfig:
             what = f"len(learning.channels) = {n_pred}" if l.channels else f"model.n_in = {m.n_in}"
             raise ConfigError("model.n_out", f"forecast mode predicts the next input, so it must equal "
                               f"{what}; got {m.n_out} (or use learning.mode = 'supervised')")
+
+    def _validate_engine(self):
+        m, e = self.model, self.engine
         _int_range("engine.slots", e.slots, 1, 1_000_000)
         _int_range("engine.micro_batch", e.micro_batch, 1, 4096)
         _int_range("engine.max_pending", e.max_pending, 1, 10_000_000)
@@ -215,6 +234,9 @@ class EngineConfig:
                               "it contains a NUL character")
         if e.on_gap not in ("reject", "accept"):
             raise ConfigError("engine.on_gap", f"{e.on_gap!r}: choose 'reject' or 'accept'")
+
+    def _validate_outputs(self):
+        """Sockets, publishing and checkpoints."""
         seen = {}
         for key in ("router", "pull", "pub"):
             addr = getattr(self.sockets, key)
@@ -230,6 +252,8 @@ class EngineConfig:
         _positive("publish.stats_every_s", self.publish.stats_every_s)
         _int_range("checkpoint.every", self.checkpoint.every, 1, 2**62)
         _int_range("checkpoint.keep", self.checkpoint.keep, 1, 1_000_000)
+
+    def _validate_security(self):
         sec = self.security
         if sec.curve_secret_key_file:
             if sec.curve_authorized_dir and sec.allow_any_client:
@@ -244,10 +268,11 @@ class EngineConfig:
                 if getattr(sec, name):
                     raise ConfigError(f"security.{name}", "has no effect without security.curve_secret_key_file "
                                       "(the server's CURVE key): nothing would be authenticated")
+
+    def _validate_metrics(self):
         _int_range("metrics.prometheus_port", self.metrics.prometheus_port, 0, 65535, " (0: off)")
         if self.metrics.prometheus_port and not self.metrics.prometheus_addr:
             raise ConfigError("metrics.prometheus_addr", "required with metrics.prometheus_port")
-        return self
 
     def _validate_learning_quality(self):
         m, r, sg, ro, l = self.model, self.reservoir, self.signal, self.readout, self.learning
@@ -337,6 +362,22 @@ def _opt(name):
 
 
 OPTIMIZERS = ("adam", "sgd", "rmsprop", "adamw", "frozen")
+
+
+def _algorithm_names() -> tuple:
+    from ..learner.algorithms import ALGORITHMS     # the learner owns the names
+    return ALGORITHMS
+
+
+def config_modes() -> tuple:
+    """The learner's modes a served model can be in: "predict" (never learn) is a per-message
+    choice on the wire, not an engine setting."""
+    from ..learner.step import MODES
+    return tuple(sorted(m for m in MODES if m != "predict"))
+
+
+def _one_of(names) -> str:
+    return ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else names[0]
 
 
 def make_optimizer(cfg: LearningConfig):

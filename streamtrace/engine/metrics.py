@@ -1,4 +1,4 @@
-"""Engine metrics: counters, a latency window for percentiles, per-stream loss, and an
+"""Engine metrics: counters, the latest latencies for percentiles, per-stream loss, and an
 optional Prometheus exporter (prometheus-client, served on loopback)."""
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ __all__ = ["Metrics"]
 
 
 class Metrics:
-    def __init__(self, window: int = 20000):
+    def __init__(self, latency_samples: int = 20000):
         self.counters = {"received": 0, "accepted": 0, "answered": 0, "errors": 0, "dropped": 0,
                          "steps": 0, "updates": 0, "skipped": 0, "lost_on_resync": 0,
                          "checkpoints": 0, "weights_published": 0, "reply_failures": 0,
                          "parked": 0, "unparked": 0, "park_dropped": 0}
         self.errors_by_code: dict[str, int] = {}
-        self.latency_us: deque = deque(maxlen=window)
+        self.latency_us: deque = deque(maxlen=latency_samples)
         self.stream_loss: dict[str, float] = {}
         self._t0 = time.monotonic()
         self._last = (self._t0, 0)

@@ -285,3 +285,15 @@ def serve(cfg: EngineConfig, *, announce=print) -> int:
     engine.run()
     announce(f"stopped after {engine.core.steps} steps")
     return 0
+
+
+def run_cli(args) -> int:
+    """``streamtrace serve``: a bad config is one line naming its key, without a traceback."""
+    import sys
+
+    from .config import load_config
+    try:
+        return serve(load_config(args.config), announce=lambda s: print(s, flush=True))
+    except ConfigError as e:
+        print("config error: " + " ".join(str(e).split()), file=sys.stderr)
+        return 2

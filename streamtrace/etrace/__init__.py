@@ -10,8 +10,8 @@ from .errors import CompileError, CompileWarning
 from .es_d_rtrl import ES_D_RTRL, pp_prop
 from .graph import Decision, ETraceGraph, HiddenGroup, WeightRelation, compile_graph
 from .rtrl import RTRL
-from .signals import Chain, KappaFilter, LearningSignal, RandomFeedback
+from .signals import Chain, KappaFilter, LearningSignal, RandomFeedback, SignalChain
 
 __all__ = ["compile_graph", "ETraceGraph", "HiddenGroup", "WeightRelation", "Decision", "CompileError", "CompileWarning",
            "ETraceVjpAlgorithm", "D_RTRL", "ES_D_RTRL", "pp_prop", "RTRL", "SingleStepData",
-           "MultiStepData", "LearningSignal", "Chain", "RandomFeedback", "KappaFilter"]
+           "MultiStepData", "LearningSignal", "SignalChain", "Chain", "RandomFeedback", "KappaFilter"]

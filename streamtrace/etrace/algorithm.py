@@ -100,8 +100,7 @@ class ETraceVjpAlgorithm:
         """``_advance``, guarded when ``keep`` (a scalar, 0 or 1) is given: with 0 the old
         traces come back, and a trace value that is not finite keeps its old value. The guard
         sits here, before the gradient reads the traces, so that XLA fuses it into the trace
-        update's one pass (a select after the step took a second full pass over the traces:
-        64 slots of GRU-64 D-RTRL at 1.4x the limit program instead of 1.0x)."""
+        update's one pass (a select after the step took a second full pass over the traces)."""
         out, new_h, new_tr, P = self._advance(params, hidden, traces, args)
         if keep is not None:
             new_tr = jax.tree_util.tree_map(

@@ -97,6 +97,134 @@ def _contains_marked(jaxpr) -> str | None:
     return None
 
 
+@dataclass
+class _Walk:
+    """One pass of :func:`analyze` over a jaxpr: the deps found so far and the settings."""
+    deps: dict
+    result: StepAnalysis
+    cut: dict
+    param_names: dict
+    top_level: bool
+    through_ops: bool
+
+    def get(self, v):
+        return {} if isinstance(v, Literal) else self.deps.get(v, {})
+
+    def put(self, v, d):
+        self.deps[v] = {self.cut[v]: (DIAG, None)} if v in self.cut else d
+
+    def weight_name(self, w):
+        return None if isinstance(w, Literal) else self.param_names.get(w)
+
+
+# ---- one rule per kind of primitive: (applies to the equation?, what its outputs depend on) ----
+def _marked_op(w: _Walk, eqn):
+    kind = marked_kind(eqn)
+    if not w.top_level:
+        wname = w.weight_name(eqn.invars[1])
+        raise CompileError(
+            f"weight {repr(wname) if wname else 'op'} ({eqn.params['name']}) is called inside a "
+            "nested jit/call; call streamtrace.nn.ops at the top level of update() (do not wrap "
+            "layers in jax.jit)")
+    op = MarkedOp(len(w.result.ops), kind, eqn)
+    w.result.ops.append(op)
+    d = {("y", op.index): (DIAG, None)}
+    if kind == "elementwise":
+        xd = w.get(op.x)
+        _merge(d, xd, None if _shape(op.x) == _shape(op.y) else f"broadcast into {eqn.params['name']}")
+    elif w.through_ops:
+        wname = w.weight_name(op.w)
+        label = f"the input of weight op '{wname}'" if wname else eqn.params["name"]
+        _merge(d, {src: (DENSE, label) for src in w.get(op.x)})
+    w.put(op.y, d)
+
+
+def _is_control_flow(eqn) -> bool:
+    from jax.extend.core import jaxprs_in_params
+    name = eqn.primitive.name
+    return name in LOOPS or (name not in CALL_PRIMITIVES and any(True for _ in jaxprs_in_params(eqn.params)))
+
+
+def _control_flow(w: _Walk, eqn):
+    from jax.extend.core import jaxprs_in_params
+    name = eqn.primitive.name
+    for sub in jaxprs_in_params(eqn.params):
+        found = _contains_marked(getattr(sub, "jaxpr", sub))
+        if found:
+            reads = sorted(w.param_names[v] for v in eqn.invars if not isinstance(v, Literal) and v in w.param_names)
+            hint = f" (the loop reads parameters: {', '.join(reads)})" if reads else ""
+            raise CompileError(
+                f"a weight op ({found}) sits inside control flow `{name}`{hint}. Eligibility "
+                "traces need each weight op exactly once per step: unroll the loop (or branch) "
+                "in update(), or move the weight out of it.")
+    d = {}
+    for v in eqn.invars:  # conservatively: control flow may mix neurons
+        _merge(d, w.get(v), f"{name} (control flow, treated as mixing neurons)")
+    for v in eqn.outvars:
+        w.put(v, dict(d))
+
+
+def _call(w: _Walk, eqn):
+    """A nested jit / call: analysed inside, with the caller's deps on its inputs."""
+    sub = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
+    sub_jaxpr = getattr(sub, "jaxpr", sub)
+    sub_in = {sv: w.get(v) for sv, v in zip(sub_jaxpr.invars, eqn.invars)}
+    sub_names = {sv: w.param_names[v] for sv, v in zip(sub_jaxpr.invars, eqn.invars)
+                 if not isinstance(v, Literal) and v in w.param_names}
+    sub_res = analyze(sub_jaxpr, sub_in, top_level=False, param_names=sub_names, through_ops=w.through_ops)
+    for v, sv in zip(eqn.outvars, sub_jaxpr.outvars):
+        w.put(v, dict(sub_res.deps.get(sv, {})) if not isinstance(sv, Literal) else {})
+
+
+def _zero_derivative(w: _Walk, eqn):
+    for v in eqn.outvars:
+        w.put(v, {})
+
+
+def _custom(w: _Walk, eqn):
+    _custom_call(eqn, w.get, w.put, w.through_ops)
+
+
+def _elementwise(w: _Walk, eqn):
+    name = eqn.primitive.name
+    # select_n's predicate has zero derivative
+    invars = eqn.invars[1:] if name == "select_n" else eqn.invars
+    for ov in eqn.outvars:
+        oshape = _shape(ov)
+        d = {}
+        for v in invars:
+            same = isinstance(v, Literal) or _shape(v) == oshape
+            _merge(d, w.get(v), None if same else f"broadcast in {name}")
+        w.put(ov, d)
+
+
+def _shape_only(w: _Walk, eqn):
+    src = eqn.invars[0]
+    same_size = _size(src) == _size(eqn.outvars[0])
+    w.put(eqn.outvars[0], dict(w.get(src)) if same_size else _dense(w.get(src), eqn.primitive.name))
+
+
+def _mixing(w: _Walk, eqn):
+    """Anything else: every output may depend densely on every input."""
+    d = {}
+    for v in eqn.invars:
+        _merge(d, w.get(v), eqn.primitive.name)
+    for v in eqn.outvars:
+        w.put(v, dict(d))
+
+
+# the first rule that applies wins; _mixing when none does
+_RULES = (
+    (lambda eqn: marked_kind(eqn) is not None, _marked_op),
+    (_is_control_flow, _control_flow),
+    (lambda eqn: eqn.primitive.name in CALL_PRIMITIVES and not eqn.primitive.name.startswith("custom"), _call),
+    (lambda eqn: eqn.primitive.name in ZERO_DERIVATIVE, _zero_derivative),
+    (is_custom, _custom),
+    (lambda eqn: eqn.primitive.name in ELEMENTWISE, _elementwise),
+    (lambda eqn: eqn.primitive.name in SHAPE_ONLY, _shape_only),
+)
+
+
 def analyze(jaxpr, in_deps: dict, *, cut: dict | None = None, top_level: bool = True,
             param_names: dict | None = None, through_ops: bool = False) -> StepAnalysis:
     """Propagate source dependencies through ``jaxpr``.
@@ -107,111 +235,16 @@ def analyze(jaxpr, in_deps: dict, *, cut: dict | None = None, top_level: bool = 
     through_ops: also follow marked matmuls' inputs (as dense paths): "does this reach that
     at all", rather than "what do the traces see".
     """
-    from jax.extend.core import jaxprs_in_params
-    cut = cut or {}
-    param_names = param_names or {}
     deps: dict = {}
-    result = StepAnalysis(deps)
-
-    def get(v):
-        return {} if isinstance(v, Literal) else deps.get(v, {})
-
-    def put(v, d):
-        deps[v] = {cut[v]: (DIAG, None)} if v in cut else d
-
+    w = _Walk(deps, StepAnalysis(deps), cut or {}, param_names or {}, top_level, through_ops)
     for v in jaxpr.invars:
-        put(v, dict(in_deps.get(v, {})))
+        w.put(v, dict(in_deps.get(v, {})))
     for v in jaxpr.constvars:
-        put(v, {})
-
+        w.put(v, {})
     for eqn in jaxpr.eqns:
-        name = eqn.primitive.name
-        kind = marked_kind(eqn)
-        if kind is not None:
-            if not top_level:
-                w = eqn.invars[1]
-                wname = None if isinstance(w, Literal) else param_names.get(w)
-                raise CompileError(
-                    f"weight {repr(wname) if wname else 'op'} ({eqn.params['name']}) is called inside a "
-                    "nested jit/call; call streamtrace.nn.ops at the top level of update() (do not wrap "
-                    "layers in jax.jit)")
-            op = MarkedOp(len(result.ops), kind, eqn)
-            result.ops.append(op)
-            d = {("y", op.index): (DIAG, None)}
-            if kind == "elementwise":
-                xd = get(op.x)
-                _merge(d, xd, None if _shape(op.x) == _shape(op.y) else f"broadcast into {eqn.params['name']}")
-            elif through_ops:
-                w = op.w
-                wname = None if isinstance(w, Literal) else param_names.get(w)
-                label = f"the input of weight op '{wname}'" if wname else eqn.params["name"]
-                _merge(d, {src: (DENSE, label) for src in get(op.x)})
-            put(op.y, d)
-            continue
-
-        out_shapes = [_shape(v) for v in eqn.outvars]
-        if name in LOOPS or (name not in CALL_PRIMITIVES and any(
-                True for _ in jaxprs_in_params(eqn.params))):
-            for sub in jaxprs_in_params(eqn.params):
-                found = _contains_marked(getattr(sub, "jaxpr", sub))
-                if found:
-                    reads = sorted(param_names[v] for v in eqn.invars if not isinstance(v, Literal) and v in param_names)
-                    hint = f" (the loop reads parameters: {', '.join(reads)})" if reads else ""
-                    raise CompileError(
-                        f"a weight op ({found}) sits inside control flow `{name}`{hint}. Eligibility "
-                        "traces need each weight op exactly once per step: unroll the loop (or branch) "
-                        "in update(), or move the weight out of it.")
-            d = {}
-            for v in eqn.invars:  # conservatively: control flow may mix neurons
-                _merge(d, get(v), f"{name} (control flow, treated as mixing neurons)")
-            for v in eqn.outvars:
-                put(v, dict(d))
-            continue
-
-        if name in CALL_PRIMITIVES and not name.startswith("custom"):
-            sub = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
-            sub_jaxpr = getattr(sub, "jaxpr", sub)
-            sub_in = {sv: get(v) for sv, v in zip(sub_jaxpr.invars, eqn.invars)}
-            sub_names = {sv: param_names[v] for sv, v in zip(sub_jaxpr.invars, eqn.invars)
-                         if not isinstance(v, Literal) and v in param_names}
-            sub_res = analyze(sub_jaxpr, sub_in, top_level=False, param_names=sub_names,
-                              through_ops=through_ops)
-            for v, sv in zip(eqn.outvars, sub_jaxpr.outvars):
-                put(v, dict(sub_res.deps.get(sv, {})) if not isinstance(sv, Literal) else {})
-            continue
-
-        if name in ZERO_DERIVATIVE:
-            for v in eqn.outvars:
-                put(v, {})
-            continue
-
-        if is_custom(eqn):
-            _custom_call(eqn, get, put, through_ops)
-            continue
-
-        if name in ELEMENTWISE:
-            # select_n's predicate has zero derivative
-            invars = eqn.invars[1:] if name == "select_n" else eqn.invars
-            for ov, oshape in zip(eqn.outvars, out_shapes):
-                d = {}
-                for v in invars:
-                    same = isinstance(v, Literal) or _shape(v) == oshape
-                    _merge(d, get(v), None if same else f"broadcast in {name}")
-                put(ov, d)
-            continue
-
-        if name in SHAPE_ONLY:
-            src = eqn.invars[0]
-            same_size = _size(src) == _size(eqn.outvars[0])
-            put(eqn.outvars[0], dict(get(src)) if same_size else _dense(get(src), name))
-            continue
-
-        d = {}
-        for v in eqn.invars:
-            _merge(d, get(v), name)
-        for v in eqn.outvars:
-            put(v, dict(d))
-    return result
+        rule = next((rule for applies, rule in _RULES if applies(eqn)), _mixing)
+        rule(w, eqn)
+    return w.result
 
 
 def _dense(d, why):

@@ -35,7 +35,7 @@ def contract(g, e):
     One batch axis of up to ``UNROLL_SLOTS`` (the learner's slots) is summed as a chain of
     adds over its entries: XLA fuses that, products included, into one pass over the traces,
     while a reduction over the slot axis first writes every slot's product and then sums it
-    in windows (64 slots of GRU-64: 50 against 131 us; of GRU-256: 0.87 against 2 ms)."""
+    in blocks: more than twice as slow at 64 slots (measured, GRU-64 and GRU-256)."""
     n_batch = g.ndim - 2
     if e.ndim > g.ndim:
         g = g[..., None, :, :]

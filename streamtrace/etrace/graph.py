@@ -180,7 +180,49 @@ def compile_graph(model, *example_args) -> ETraceGraph:
             raise CompileError(f"{e} (Also: {'; '.join(notes)}.)") from None
 
 
-def _compile(model, example_args, skip) -> ETraceGraph:
+# ---- the compiler as passes over one _Compilation ----------------------------------------------
+@dataclass
+class _Compilation:
+    """What the passes share: the traced step and what each pass has decided so far."""
+    mf: ModelFunction
+    closed: object                 # the ClosedJaxpr of one step
+    jaxpr: object                  # its jaxpr, plain weight ops marked
+    in_layout: list
+    args_treedef: object
+    out_tree: object
+    n_out: int
+    hidden_outvars: list           # per hidden name (mf.hidden_names order)
+    var_param: dict                # invar -> parameter name
+    in_deps: dict                  # hidden-state invar -> its dependency source
+    recognised: dict               # parameter -> the plain op it was recognised from
+    hshape: dict
+    res: object = None             # analyze(): deps of every var, the marked ops
+    groups: list = field(default_factory=list)
+    group_of: dict = field(default_factory=dict)     # hidden index -> (group index, state index)
+    drives: dict = field(default_factory=dict)       # op index -> {hidden index: (kind, why)}
+    uses: dict = field(default_factory=dict)         # parameter -> [(op, role, primitive)]
+    relations: list = field(default_factory=list)
+    indirect: dict = field(default_factory=dict)     # untraced op -> (hidden, via) it reaches
+    reaches: dict = field(default_factory=dict)      # parameter -> a hidden state it changes
+    feeds: dict = field(default_factory=dict)        # group -> another group it feeds
+    decisions: list = field(default_factory=list)
+    warns: list = field(default_factory=list)
+
+    @property
+    def H(self):
+        return self.mf.hidden_names
+
+    def deps_of(self, var, res=None):
+        return {} if isinstance(var, Literal) else (self.res if res is None else res).deps.get(var, {})
+
+    def unless_recognised(self, name, why):
+        """A recognised plain op that fails a check goes back to a plain parameter (a retry)."""
+        if name in self.recognised:
+            raise _Unrecognise(name, why)
+
+
+def _trace(model, example_args, skip) -> _Compilation:
+    """One step as a jaxpr; which invar is which; plain weight ops marked; dependencies."""
     mf = ModelFunction(model)
     params, hidden = mf.param_values(), mf.hidden_values()
     closed, out_shape = jax.make_jaxpr(mf, return_shape=True)(params, hidden, *example_args)
@@ -200,34 +242,27 @@ def _compile(model, example_args, skip) -> ETraceGraph:
 
     out_tree, new_hidden_shapes = out_shape
     n_out = len(jax.tree_util.tree_leaves(out_tree))
-    out_treedef = jax.tree_util.tree_structure(out_tree)
     hidden_outvars_sorted = jaxpr.outvars[n_out:]
     # new_hidden is a dict: its leaves come in sorted-key order
-    sorted_names = sorted(hidden)
-    by_name = dict(zip(sorted_names, hidden_outvars_sorted))
+    by_name = dict(zip(sorted(hidden), hidden_outvars_sorted))
     hidden_outvars = [by_name[n] for n in mf.hidden_names]
 
-    param_var = {n: v for (k, n), v in zip(in_layout, jaxpr.invars) if k == "p"}
-    var_param = {v: n for n, v in param_var.items()}
+    var_param = {v: n for (k, n), v in zip(in_layout, jaxpr.invars) if k == "p"}
     hidden_idx = {n: i for i, n in enumerate(mf.hidden_names)}
     in_deps = {v: {("h", hidden_idx[n]): (DIAG, None)}
                for (k, n), v in zip(in_layout, jaxpr.invars) if k == "h"}
     # plain x @ W (+ b) / x * w on a parameter become marked ops (brainstate layers, plain jax)
     jaxpr, recognised = mark_plain_weights(jaxpr, {v for v, n in var_param.items() if n not in skip})
     recognised = {var_param[v]: how for v, how in recognised.items()}
+    c = _Compilation(mf, closed, jaxpr, in_layout, args_treedef, out_tree, n_out, hidden_outvars, var_param,
+                     in_deps, recognised, {n: tuple(np.shape(hidden[n])) for n in mf.hidden_names})
+    c.res = analyze(jaxpr, in_deps, param_names=var_param)
+    return c
 
-    def unless_recognised(name, why):
-        if name in recognised:
-            raise _Unrecognise(name, why)
-    res = analyze(jaxpr, in_deps, param_names=var_param)
-    decisions: list[Decision] = []
-    H = mf.hidden_names
-    hshape = {n: tuple(np.shape(hidden[n])) for n in H}
 
-    def deps_of(var):
-        return {} if isinstance(var, Literal) else res.deps.get(var, {})
-
-    # --- hidden groups: union states whose new value depends element-wise on another's old value
+def _group_hidden(c: _Compilation):
+    """Hidden groups: union states whose new value depends element-wise on another's old value."""
+    H = c.H
     parent = list(range(len(H)))
 
     def find(i):
@@ -237,7 +272,7 @@ def _compile(model, example_args, skip) -> ETraceGraph:
         return i
 
     for i, n in enumerate(H):
-        for src, (kind, why) in deps_of(hidden_outvars[i]).items():
+        for src, (kind, why) in c.deps_of(c.hidden_outvars[i]).items():
             if src[0] != "h":
                 continue
             j = src[1]
@@ -250,149 +285,156 @@ def _compile(model, example_args, skip) -> ETraceGraph:
     roots = {}
     for i in range(len(H)):
         roots.setdefault(find(i), []).append(i)
-    groups = []
-    group_of = {}
     for members in roots.values():
         names = tuple(H[i] for i in members)
-        shapes = {hshape[m] for m in names}
+        shapes = {c.hshape[m] for m in names}
         if len(shapes) != 1:
             raise CompileError(f"hidden states {', '.join(names)} feed each other but have different shapes "
                                f"{sorted(shapes)}; states of one neuron group must share a shape")
-        g = HiddenGroup(len(groups), names, shapes.pop())
+        g = HiddenGroup(len(c.groups), names, shapes.pop())
         for s, i in enumerate(members):
-            group_of[i] = (g.index, s)
-        groups.append(g)
+            c.group_of[i] = (g.index, s)
+        c.groups.append(g)
         why = ("its states feed each other element-wise from one step to the next" if len(names) > 1
                else "no other hidden state feeds it element-wise")
         for m in names:
-            decisions.append(Decision("hidden", m, f"group '{g.name}' (S={g.size}, shape {g.shape})", why))
+            c.decisions.append(Decision("hidden", m, f"group '{g.name}' (S={g.size}, shape {g.shape})", why))
 
-    # --- which group each marked op drives
-    drives = {op.index: {} for op in res.ops}
-    for i in range(len(H)):
-        for src, (kind, why) in deps_of(hidden_outvars[i]).items():
+
+def _record_uses(c: _Compilation):
+    """Which group each marked op drives, and how each parameter is used at the top level."""
+    c.drives = {op.index: {} for op in c.res.ops}
+    for i in range(len(c.H)):
+        for src, (kind, why) in c.deps_of(c.hidden_outvars[i]).items():
             if src[0] == "y":
-                drives[src[1]][i] = (kind, why)
-
-    # --- how each parameter is used at the top level
-    uses: dict[str, list] = {n: [] for n in param_var}
-    op_by_eqn = {id(op.eqn): op for op in res.ops}
-    for eqn in jaxpr.eqns:
+                c.drives[src[1]][i] = (kind, why)
+    c.uses = {n: [] for n in c.var_param.values()}
+    op_by_eqn = {id(op.eqn): op for op in c.res.ops}
+    for eqn in c.jaxpr.eqns:
         op = op_by_eqn.get(id(eqn))
         for pos, v in enumerate(eqn.invars):
-            if not isinstance(v, Literal) and v in var_param:
+            if not isinstance(v, Literal) and v in c.var_param:
                 role = ("weight" if pos == 1 else "bias" if pos == 2 else "input") if op else None
-                uses[var_param[v]].append((op, role, eqn.primitive.name))
-    direct_outs = {v for v in hidden_outvars + list(jaxpr.outvars[:n_out]) if not isinstance(v, Literal)}
-    for (k, n), v in zip(in_layout, jaxpr.invars):
+                c.uses[c.var_param[v]].append((op, role, eqn.primitive.name))
+    direct_outs = {v for v in c.hidden_outvars + list(c.jaxpr.outvars[:c.n_out]) if not isinstance(v, Literal)}
+    for (k, n), v in zip(c.in_layout, c.jaxpr.invars):
         if k == "p" and v in direct_outs:
-            uses[n].append((None, None, "output"))
+            c.uses[n].append((None, None, "output"))
 
-    relations = []
-    for op in res.ops:
-        wname = _lookup(var_param, op.w)
-        bname = _lookup(var_param, op.b) if op.b is not None else None
-        targets = drives[op.index]
-        label = wname or f"op #{op.index} ({op.eqn.params['name']})"
-        group = None
-        if targets:
-            dense = [(H[i], why) for i, (kind, why) in targets.items() if kind == DENSE]
-            if dense:
-                h, why = dense[0]
-                unless_recognised(wname, f"its output reaches hidden state '{h}' through `{why}`, which is not "
-                                         "element-wise")
-                raise CompileError(
-                    f"weight '{label}': its output reaches hidden state '{h}' through `{why}`, which is not "
-                    "element-wise. Each output unit of a weight op must drive only its own neuron's states "
-                    "(y -> h element-wise); apply the op once per hidden group with matching shapes.")
-            gs = sorted({group_of[i][0] for i in targets})
-            if len(gs) > 1:
-                names = [groups[g].name for g in gs]
-                unless_recognised(wname, f"it drives two hidden groups ({names[0]} and {names[1]})")
-                raise CompileError(
-                    f"weight '{label}' drives two hidden groups ({names[0]} and {names[1]}); one weight op "
-                    "may feed one hidden group only. Split it into one op per group.")
-            group = gs[0]
-            for pname, role in ((wname, "weight"), (bname, "bias")):
-                if (role == "weight" and pname is None) or (role == "bias" and op.b is not None and pname is None):
-                    raise CompileError(
-                        f"the {role} of weight op #{op.index} ({op.eqn.params['name']}) is computed inside "
-                        "update() rather than read from a ParamState; pass the ParamState's value directly "
-                        "so its eligibility trace has a parameter to update.")
-            if tuple(op.y.aval.shape) != groups[group].shape:
-                unless_recognised(wname, f"its output shape {tuple(op.y.aval.shape)} differs from its hidden "
-                                         f"group's shape {groups[group].shape}")
-                raise CompileError(f"weight '{label}': output shape {tuple(op.y.aval.shape)} differs from its "
-                                   f"hidden group's shape {groups[group].shape}")
-        rel = WeightRelation(op.index, op.kind, wname, bname, tuple(op.x.aval.shape),
-                             tuple(op.y.aval.shape), group)
-        relations.append(rel)
 
-    trace_params = {p for r in relations if r.traced for p in r.params}
-    for r in relations:
+def _op_group(c: _Compilation, op, wname, bname) -> int | None:
+    """The one hidden group a marked op drives element-wise (None: it drives none)."""
+    targets = c.drives[op.index]
+    if not targets:
+        return None
+    label = wname or f"op #{op.index} ({op.eqn.params['name']})"
+    dense = [(c.H[i], why) for i, (kind, why) in targets.items() if kind == DENSE]
+    if dense:
+        h, why = dense[0]
+        c.unless_recognised(wname, f"its output reaches hidden state '{h}' through `{why}`, which is not "
+                                   "element-wise")
+        raise CompileError(
+            f"weight '{label}': its output reaches hidden state '{h}' through `{why}`, which is not "
+            "element-wise. Each output unit of a weight op must drive only its own neuron's states "
+            "(y -> h element-wise); apply the op once per hidden group with matching shapes.")
+    gs = sorted({c.group_of[i][0] for i in targets})
+    if len(gs) > 1:
+        names = [c.groups[g].name for g in gs]
+        c.unless_recognised(wname, f"it drives two hidden groups ({names[0]} and {names[1]})")
+        raise CompileError(
+            f"weight '{label}' drives two hidden groups ({names[0]} and {names[1]}); one weight op "
+            "may feed one hidden group only. Split it into one op per group.")
+    group = gs[0]
+    for pname, role in ((wname, "weight"), (bname, "bias")):
+        if (role == "weight" and pname is None) or (role == "bias" and op.b is not None and pname is None):
+            raise CompileError(
+                f"the {role} of weight op #{op.index} ({op.eqn.params['name']}) is computed inside "
+                "update() rather than read from a ParamState; pass the ParamState's value directly "
+                "so its eligibility trace has a parameter to update.")
+    if tuple(op.y.aval.shape) != c.groups[group].shape:
+        c.unless_recognised(wname, f"its output shape {tuple(op.y.aval.shape)} differs from its hidden "
+                                   f"group's shape {c.groups[group].shape}")
+        raise CompileError(f"weight '{label}': output shape {tuple(op.y.aval.shape)} differs from its "
+                           f"hidden group's shape {c.groups[group].shape}")
+    return group
+
+
+def _link_ops(c: _Compilation):
+    """A WeightRelation per marked op; a traced weight must be used in exactly that one op."""
+    for op in c.res.ops:
+        wname = _lookup(c.var_param, op.w)
+        bname = _lookup(c.var_param, op.b) if op.b is not None else None
+        c.relations.append(WeightRelation(op.index, op.kind, wname, bname, tuple(op.x.aval.shape),
+                                          tuple(op.y.aval.shape), _op_group(c, op, wname, bname)))
+    for r in c.relations:
         for p in r.params:
-            others = [u for u in uses[p] if u[0] is None or u[0].index != r.index]
+            others = [u for u in c.uses[p] if u[0] is None or u[0].index != r.index]
             if r.traced and others:
                 where = others[0][2] if others[0][0] is None else f"weight op #{others[0][0].index}"
                 raise CompileError(
                     f"parameter '{p}' carries an eligibility trace but is also used by `{where}`; that path "
                     "would get no gradient. Use each traced weight in exactly one weight op.")
 
-    # --- output must reach traced weights and old hidden values only through the new hidden
-    # state; follow every path here, including through the inputs of instant (readout) ops
-    cut = {v: ("hn", i) for i, v in enumerate(hidden_outvars) if not isinstance(v, Literal)}
-    out_res = analyze(jaxpr, in_deps, cut=cut, param_names=var_param, through_ops=True)
-    for ov in jaxpr.outvars[:n_out]:
-        for src in ({} if isinstance(ov, Literal) else out_res.deps.get(ov, {})):
+
+def _check_output_paths(c: _Compilation):
+    """The output must reach traced weights and old hidden values only through the new hidden
+    state; follow every path here, including through the inputs of instant (readout) ops."""
+    cut = {v: ("hn", i) for i, v in enumerate(c.hidden_outvars) if not isinstance(v, Literal)}
+    out_res = analyze(c.jaxpr, c.in_deps, cut=cut, param_names=c.var_param, through_ops=True)
+    for ov in c.jaxpr.outvars[:c.n_out]:
+        for src in c.deps_of(ov, out_res):
             if src[0] == "h":
                 raise CompileError(
-                    f"the model output depends on the previous value of hidden state '{H[src[1]]}' other "
+                    f"the model output depends on the previous value of hidden state '{c.H[src[1]]}' other "
                     "than through its new value (e.g. a readout of the state before the update); "
                     "compute the output from the updated state")
-            if src[0] == "y" and relations[src[1]].traced:
-                r = relations[src[1]]
-                unless_recognised(r.weight, "the model output depends on it other than through the new state")
+            if src[0] == "y" and c.relations[src[1]].traced:
+                r = c.relations[src[1]]
+                c.unless_recognised(r.weight, "the model output depends on it other than through the new state")
                 raise CompileError(
                     f"the model output depends on weight '{r.weight}' other than through the new value of "
-                    f"hidden group '{groups[r.group].name}'; compute the output from the updated state "
+                    f"hidden group '{c.groups[r.group].name}'; compute the output from the updated state "
                     "(spiking layers: apply the reset at the start of the next step)")
 
-    # --- instant ops whose output still reaches a hidden state, through another op's input
-    # (parameters as sources too: which plain parameters change a hidden state)
-    p_deps = {v: {("p", n): (DIAG, None)} for v, n in var_param.items()}
-    full = analyze(jaxpr, {**in_deps, **p_deps}, param_names=var_param, through_ops=True)
-    indirect, reaches, feeds = {}, {}, {}
-    for i, v in enumerate(hidden_outvars):
-        for src, (_, why) in ({} if isinstance(v, Literal) else full.deps.get(v, {})).items():
-            if src[0] == "y" and not relations[src[1]].traced:
-                indirect.setdefault(src[1], (H[i], why))
+
+def _find_indirect_paths(c: _Compilation):
+    """Instant ops whose output still reaches a hidden state through another op's input, plain
+    parameters that change a hidden state, and groups that feed another group."""
+    p_deps = {v: {("p", n): (DIAG, None)} for v, n in c.var_param.items()}
+    full = analyze(c.jaxpr, {**c.in_deps, **p_deps}, param_names=c.var_param, through_ops=True)
+    for i, v in enumerate(c.hidden_outvars):
+        for src, (_, why) in c.deps_of(v, full).items():
+            if src[0] == "y" and not c.relations[src[1]].traced:
+                c.indirect.setdefault(src[1], (c.H[i], why))
             elif src[0] == "p":
-                reaches.setdefault(src[1], H[i])
+                c.reaches.setdefault(src[1], c.H[i])
             # another group's state (old, or new within the step) or a traced op's output
             # reaching this state: the traces of that group's weights miss this path
-            gi = group_of[i][0]
-            if src[0] == "h" and group_of[src[1]][0] != gi:
-                feeds.setdefault(group_of[src[1]][0], groups[gi].name)
-            elif src[0] == "y" and relations[src[1]].traced and relations[src[1]].group != gi:
-                feeds.setdefault(relations[src[1]].group, groups[gi].name)
-    warns = []
+            gi = c.group_of[i][0]
+            if src[0] == "h" and c.group_of[src[1]][0] != gi:
+                c.feeds.setdefault(c.group_of[src[1]][0], c.groups[gi].name)
+            elif src[0] == "y" and c.relations[src[1]].traced and c.relations[src[1]].group != gi:
+                c.feeds.setdefault(c.relations[src[1]].group, c.groups[gi].name)
 
-    for r in relations:
+
+def _explain_weights(c: _Compilation):
+    """A decision (verdict and reason) for every weight op's parameters."""
+    for r in c.relations:
         shape = f"{r.kind}, x{r.x_shape} -> y{r.y_shape}"
         if r.traced:
-            g = groups[r.group]
+            g = c.groups[r.group]
             verdict = f"eligibility trace ({shape}) into group '{g.name}' (S={g.size})"
             reason = "its output drives that group element-wise; paths through other weight ops are cut"
-            if r.weight in recognised:
-                reason += f" (recognised from a plain {recognised[r.weight]} on the parameter)"
-            if r.group in feeds:
-                w = (f"WARNING: group '{g.name}' feeds hidden group '{feeds[r.group]}' on the way to the loss; "
+            if r.weight in c.recognised:
+                reason += f" (recognised from a plain {c.recognised[r.weight]} on the parameter)"
+            if r.group in c.feeds:
+                w = (f"WARNING: group '{g.name}' feeds hidden group '{c.feeds[r.group]}' on the way to the loss; "
                      "the trace keeps no history of that path, so D-RTRL's gradient for this weight is "
                      "approximate (exact: a readout without state, e.g. Linear, or exact RTRL)")
                 reason += "; " + w
-                warns.append(f"weight '{r.weight}': {w}")
-        elif r.index in indirect:
-            h, via = indirect[r.index]
+                c.warns.append(f"weight '{r.weight}': {w}")
+        elif r.index in c.indirect:
+            h, via = c.indirect[r.index]
             verdict = f"one-step gradient ({shape})"
             reason = (f"its output reaches hidden state '{h}' only through {via}, a path the traces cut; "
                       "it gets dL_t/dW by backprop through the current step, without the history "
@@ -402,25 +444,44 @@ def _compile(model, example_args, skip) -> ETraceGraph:
             reason = ("its output reaches no hidden state (e.g. a readout); it gets the exact dL_t/dW "
                       "by backprop through the step")
         for p in r.params:
-            decisions.append(Decision("weight", p, verdict, reason))
-    instant = tuple(n for n in mf.param_names if n not in trace_params)
-    for n in instant:
-        if any(d.name == n for d in decisions):
+            c.decisions.append(Decision("weight", p, verdict, reason))
+
+
+def _instant_params(c: _Compilation) -> tuple:
+    return tuple(n for n in c.mf.param_names if n not in {p for r in c.relations if r.traced for p in r.params})
+
+
+def _explain_params(c: _Compilation):
+    """A decision for every parameter outside weight ops, warning where it changes a state."""
+    for n in _instant_params(c):
+        if any(d.name == n for d in c.decisions):
             continue
-        used = sorted({u[2] for u in uses[n]}) or ["nothing"]
+        used = sorted({u[2] for u in c.uses[n]}) or ["nothing"]
         reason = (f"used outside weight ops ({', '.join(used)}); it gets the one-step "
                   "gradient dL_t/dtheta by backprop through the step (history paths cut)")
-        if n in reaches:
-            w = (f"WARNING: it changes hidden state '{reaches[n]}', so the one-step gradient misses its effect "
+        if n in c.reaches:
+            w = (f"WARNING: it changes hidden state '{c.reaches[n]}', so the one-step gradient misses its effect "
                  "through the state's history. For an eligibility trace use it in one weight op: "
                  "streamtrace.nn.ops.matmul / elementwise, or plain x @ W (+ b) / x * w, used once")
             reason += "; " + w
-            warns.append(f"parameter '{n}': {w}")
-            _warnings.warn(f"streamtrace: parameter '{n}': {w.split(': ', 1)[1]}", CompileWarning, stacklevel=3)
-        decisions.append(Decision("param", n, "instant", reason))
+            c.warns.append(f"parameter '{n}': {w}")
+            # stacklevel: this pass, _compile, compile_graph, then the caller
+            _warnings.warn(f"streamtrace: parameter '{n}': {w.split(': ', 1)[1]}", CompileWarning, stacklevel=4)
+        c.decisions.append(Decision("param", n, "instant", reason))
 
-    return ETraceGraph(mf, jaxpr, list(closed.consts), in_layout, args_treedef, out_treedef, out_tree, n_out,
-                       hidden_outvars, hshape, groups, relations, instant, decisions, warns)
+
+# in order: each reads what the ones before it decided
+_PASSES = (_group_hidden, _record_uses, _link_ops, _check_output_paths, _find_indirect_paths, _explain_weights,
+           _explain_params)
+
+
+def _compile(model, example_args, skip) -> ETraceGraph:
+    c = _trace(model, example_args, skip)
+    for compile_pass in _PASSES:
+        compile_pass(c)
+    return ETraceGraph(c.mf, c.jaxpr, list(c.closed.consts), c.in_layout, c.args_treedef,
+                       jax.tree_util.tree_structure(c.out_tree), c.out_tree, c.n_out, c.hidden_outvars, c.hshape,
+                       c.groups, c.relations, _instant_params(c), c.decisions, c.warns)
 
 
 def _lookup(table, v):

@@ -8,7 +8,8 @@ fitted to one algorithm (shapes, trace names), so one hook object may serve many
 * ``contraction_traces(traces) -> traces``: which traces the learning signal meets;
 * ``transform(g, ctx) -> g``: replaces the learning signal, per hidden group (..., O, S).
 
-Hooks compose with ``Chain`` (a list given to an algorithm is chained in order).
+Hooks compose with ``SignalChain`` (a list given to an algorithm is chained in order); not to be
+confused with ``streamtrace.chain``, which composes input transforms.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["LearningSignal", "Chain", "RandomFeedback", "KappaFilter", "SignalContext", "as_signal"]
+__all__ = ["LearningSignal", "SignalChain", "Chain", "RandomFeedback", "KappaFilter", "SignalContext", "as_signal"]
 
 
 @dataclass(frozen=True)
@@ -47,12 +48,14 @@ class LearningSignal:
         return g
 
 
-class Chain(LearningSignal):
+class SignalChain(LearningSignal):
+    """Learning-signal hooks applied in order."""
+
     def __init__(self, *hooks: LearningSignal):
         self.hooks = hooks
 
     def bind(self, algo):
-        return Chain(*(h.bind(algo) for h in self.hooks))
+        return SignalChain(*(h.bind(algo) for h in self.hooks))
 
     def init(self, algo):
         out = {}
@@ -76,11 +79,14 @@ class Chain(LearningSignal):
         return g
 
 
+Chain = SignalChain     # the old name, kept for existing imports
+
+
 def as_signal(signal) -> LearningSignal:
     if signal is None:
         return LearningSignal()
     if isinstance(signal, (list, tuple)):
-        return Chain(*signal)
+        return SignalChain(*signal)
     if not isinstance(signal, LearningSignal):
         raise TypeError(f"signal must be a LearningSignal or a list of them; got {type(signal).__name__}")
     return signal

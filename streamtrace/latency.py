@@ -1,4 +1,6 @@
-"""``streamtrace bench --config FILE``: time the user's own model, as ``serve`` would build it.
+"""``streamtrace bench``: end-to-end round trips through an engine process against a bare
+ZeroMQ + msgpack echo (the transport floor), and with ``--config FILE`` the user's own model,
+timed as ``serve`` would build it.
 
 For each algorithm (d-rtrl, es-d-rtrl) and slot count (1 and the config's ``engine.slots``):
 the time to build and to compile the step, the step latency (median, p99) of the compiled
@@ -11,6 +13,8 @@ from __future__ import annotations
 
 import copy
 import math
+import sys
+import tempfile
 import time
 import tomllib
 from pathlib import Path
@@ -18,20 +22,24 @@ from pathlib import Path
 import numpy as np
 
 from .engine.config import EngineConfig
+from .launch import roundtrips, start_echo, start_engine, stop, write_config
 
-__all__ = ["bench_config", "dispatch_floor", "trace_bytes_per_slot", "format_table"]
+__all__ = ["bench_config", "dispatch_floor", "trace_bytes_per_slot", "format_table", "e2e_roundtrip", "run_cli",
+           "percentiles", "timed"]
 
 ALGORITHMS = ("d-rtrl", "es-d-rtrl")
 E2E_WARM_S = 6.0
 
 
-def _percentiles(seconds) -> dict:
-    us = np.asarray(seconds) * 1e6
-    return {"p50": float(np.median(us)), "p99": float(np.percentile(us, 99)), "n": int(us.size)}
+def percentiles(samples, scale: float = 1e6) -> dict:
+    """Median (p50), p99 and count of ``samples * scale`` (default: seconds in, microseconds out)."""
+    a = np.asarray(samples, np.float64) * scale
+    return {"p50": float(np.median(a)), "p99": float(np.percentile(a, 99)), "n": int(a.size)}
 
 
-def _timed(call, iters: int, warmup: int, max_seconds: float):
-    """Per-call wall times of ``call`` (which must block until its result is ready)."""
+def timed(call, iters: int, warmup: int = 0, max_seconds: float = math.inf):
+    """Per-call wall times of ``call`` in seconds (it must block until its result is ready),
+    after ``warmup`` untimed calls; past ``max_seconds`` (and 20 samples) it stops early."""
     for _ in range(warmup):
         call()
     out, clock = [], time.perf_counter
@@ -50,7 +58,7 @@ def dispatch_floor(iters: int = 2000, warmup: int = 200, max_seconds: float = 5.
     import jax
     x = np.zeros(1, np.float32)
     fn = jax.jit(lambda v: v + 1).lower(x).compile()
-    return _percentiles(_timed(lambda: np.asarray(fn(x)), iters, warmup, max_seconds))
+    return percentiles(timed(lambda: np.asarray(fn(x)), iters, warmup, max_seconds))
 
 
 def trace_bytes_per_slot(learner) -> int:
@@ -81,16 +89,16 @@ def _one(cfg: EngineConfig, slots: int, iters: int, warmup: int, max_seconds: fl
     x = (0.1 * rng.standard_normal((learner.n,) + learner.x_shape)).astype(learner.x_dtype)
     y = (0.1 * rng.standard_normal((learner.n,) + learner.out_shape)).astype(learner.y_dtype)
     on = np.ones(learner.n, bool)
-    times = _timed(lambda: learner.step_unchecked(x, y, on, on), iters, warmup, max_seconds)
+    times = timed(lambda: learner.step_unchecked(x, y, on, on), iters, warmup, max_seconds)
     row = {"algorithm": cfg.learning.algorithm, "slots": slots, "build_s": t1 - t0, "compile_s": t2 - t1,
-           "step_us": _percentiles(times), "trace_bytes_per_slot": trace_bytes_per_slot(learner)}
+           "step_us": percentiles(times), "trace_bytes_per_slot": trace_bytes_per_slot(learner)}
     sizes = subset_sizes(slots)
     if sizes:   # one busy stream of many: the engine's smallest subset call, the others idle
         k, m = cfg.engine.micro_batch, sizes[0]
         xs, ys = np.repeat(x[None, :m], k, 0), np.repeat(y[None, :m], k, 0)
         act, idx = np.zeros((k, m), bool), np.arange(m, dtype=np.int32)
         act[:, 0] = True
-        row["one_busy_us"] = _percentiles(_timed(lambda: learner.step_subset_unchecked(idx, 1, xs, ys, act, act),
+        row["one_busy_us"] = percentiles(timed(lambda: learner.step_subset_unchecked(idx, 1, xs, ys, act, act),
                                                  iters, warmup, max_seconds))
     return row
 
@@ -117,9 +125,6 @@ def bench_config(cfg: EngineConfig, *, algorithms=ALGORITHMS, iters: int = 1000,
 
 def e2e_roundtrip(cfg: EngineConfig, config_path: str | None, steps: int) -> dict:
     """One sensor's round trips over ipc: the engine serving this config, then the echo floor."""
-    import tempfile
-
-    from .cli import _roundtrips, start_echo, start_engine, stop, write_config
     work = Path(tempfile.mkdtemp(prefix="st-bench-", dir="/tmp"))
     sections = tomllib.loads(Path(config_path).read_text()) if config_path else {}
     sections.update(sockets={"router": f"ipc://{work}/engine", "pull": "", "pub": ""},
@@ -135,11 +140,12 @@ def e2e_roundtrip(cfg: EngineConfig, config_path: str | None, steps: int) -> dic
         try:
             # warm-up for seconds too: the engine compiles its other programs (busy-slot
             # subsets, micro-batch sizes) 2 s into constant traffic, stalling a few round trips
-            lat = _roundtrips(ep, steps, None, warmup=min(500, steps), x=x, y=y,
+            lat = roundtrips(ep, steps, None, warmup=min(500, steps), x=x, y=y,
                               warm_s=0.0 if server == "echo" else E2E_WARM_S)
         finally:
             stop(proc)
-        out[server] = {"p50": float(np.median(lat)), "p99": float(np.percentile(lat, 99))}
+        p = percentiles(lat, 1.0)
+        out[server] = {"p50": p["p50"], "p99": p["p99"]}
     out["p50_ratio"] = out["engine"]["p50"] / out["echo"]["p50"]
     out["p99_ratio"] = out["engine"]["p99"] / out["echo"]["p99"]
     return out
@@ -170,3 +176,69 @@ def format_table(r: dict) -> str:
                   f"{e['engine']['p50']:.0f} us, p99 {e['engine']['p99']:.0f} us; echo p50 {e['echo']['p50']:.0f} us, "
                   f"p99 {e['echo']['p99']:.0f} us; ratio p50 {e['p50_ratio']:.2f}x, p99 {e['p99_ratio']:.2f}x"]
     return "\n".join(lines)
+
+
+# ---- the command ----------------------------------------------------------------------------
+def _run_config(args) -> int:
+    import json
+
+    from .engine import ConfigError, load_config
+    if args.iters < 1 or args.steps < 1:
+        print(f"bench: --iters and --steps must be >= 1; got {args.iters}, {args.steps}", file=sys.stderr)
+        return 2
+    try:
+        cfg = load_config(args.config)
+        result = bench_config(cfg, iters=args.iters, e2e=args.e2e, e2e_steps=args.steps, config_path=args.config)
+    except ConfigError as e:
+        print("config error: " + " ".join(str(e).split()), file=sys.stderr)
+        return 2
+    print(json.dumps(result, indent=1) if args.json else format_table(result), flush=True)
+    return 1 if any("error" in r for r in result["runs"]) else 0
+
+
+def run_cli(args) -> int:
+    """The echo-vs-engine table, or with ``--config`` the user's model timed (``bench_config``)."""
+    if args.config:
+        return _run_config(args)
+    work = Path(tempfile.mkdtemp(prefix="streamtrace-bench-"))
+    rows = []
+    print(f"end-to-end round trips: GRU-{args.hidden} engine vs bare ZeroMQ+msgpack echo, "
+          f"{args.steps} steps each (after 500 warm-up), one sensor")
+    for transport in args.transports:
+        for pinned in (False, True):
+            cpu = 0 if pinned else None
+            for server in ("echo", "engine"):
+                ep = (f"ipc://{work}/{server}-{int(pinned)}" if transport == "ipc"
+                      else f"tcp://127.0.0.1:{args.port + len(rows)}")
+                if server == "echo":
+                    proc = start_echo(ep, cpu)
+                else:
+                    cfg = write_config(work / f"engine-{transport}-{int(pinned)}.toml", {
+                        "model": {"stack": "gru", "n_in": 1, "n_hidden": args.hidden, "n_out": 1},
+                        "learning": {"algorithm": args.algorithm, "mode": "forecast"},
+                        "engine": {"slots": 1, "cpu": cpu if pinned else -1},
+                        "sockets": {"router": ep, "pull": "", "pub": ""},
+                        "publish": {"weights_every": 0, "stats_every_s": 3600.0, "predictions": False}})
+                    proc = start_engine(cfg)
+                try:
+                    lat = roundtrips(ep, args.steps, cpu)
+                finally:
+                    stop(proc)
+                p = percentiles(lat, 1.0)
+                row = {"server": server, "transport": transport, "pinned": pinned, "p50": p["p50"], "p99": p["p99"]}
+                rows.append(row)
+                print(f"  {server:6s} {transport} {'pinned to CPU 0' if pinned else 'unpinned':15s} "
+                      f"p50 {row['p50']:7.1f} us  p99 {row['p99']:7.1f} us", flush=True)
+    lines = ["| transport | CPUs | echo p50 µs | echo p99 µs | engine p50 µs | engine p99 µs | p50 ratio | p99 ratio |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for transport in args.transports:
+        for pinned in (False, True):
+            e = next(r for r in rows if r["server"] == "echo" and r["transport"] == transport and r["pinned"] == pinned)
+            g = next(r for r in rows if r["server"] == "engine" and r["transport"] == transport and r["pinned"] == pinned)
+            lines.append(f"| {transport} | {'both on CPU 0' if pinned else 'unpinned'} | {e['p50']:.0f} | "
+                         f"{e['p99']:.0f} | {g['p50']:.0f} | {g['p99']:.0f} | {g['p50'] / e['p50']:.2f} | "
+                         f"{g['p99'] / e['p99']:.2f} |")
+    print("\n" + "\n".join(lines))
+    if args.out:
+        Path(args.out).write_text("\n".join(lines) + "\n")
+    return 0

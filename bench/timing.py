@@ -1,0 +1,39 @@
+"""What every bench file times with: a timed loop and its p50/p99 (the same definitions
+``streamtrace bench`` uses), pinning a process to a CPU, and the machine line a result
+table starts with. A bench file runs with bench/ on its path (``python bench/x.py``,
+``pytest bench``) and imports this as ``timing``."""
+from __future__ import annotations
+
+import os
+import platform
+
+from streamtrace.latency import percentiles, timed
+
+__all__ = ["percentiles", "timed", "pin", "unpin", "cpu_name", "machine_line"]
+
+
+def pin(cpu: int | None):
+    """Run this process on ``cpu`` only (None or a negative number: leave it as it is)."""
+    if cpu is not None and cpu >= 0:
+        os.sched_setaffinity(0, {cpu})
+
+
+def unpin():
+    os.sched_setaffinity(0, set(range(os.cpu_count())))
+
+
+def cpu_name() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def machine_line(*extra: str) -> str:
+    """CPU model, CPU count, Python and jax versions, then ``extra`` (pinning, dispatch)."""
+    import jax
+    return ", ".join([cpu_name(), f"{os.cpu_count()} vCPU", f"Python {platform.python_version()}",
+                      f"jax {jax.__version__}", *extra])

@@ -1,0 +1,27 @@
+"""``streamtrace learn``: the engine-free online learning demo (one process, the loss printed as
+it falls)."""
+from __future__ import annotations
+
+from .demo import two_tone
+
+__all__ = ["run_cli"]
+
+
+def run_cli(args) -> int:
+    import numpy as np
+
+    from .learner import OnlineLearner
+    from .nn import Stack
+
+    series = two_tone(0, args.steps + 1)
+    learner = OnlineLearner(Stack(args.model, 1, args.hidden, 1), np.zeros(1, np.float32), mode="forecast",
+                            algorithm=args.algorithm, lr=args.lr)
+    print(f"online learning: {args.model.upper()}-{args.hidden}, {args.algorithm}, forecasting a two-tone signal")
+    every, losses = max(1, args.steps // 10), []     # a line per tenth of the run
+    for i in range(args.steps):
+        losses.append(learner.step(series[i:i + 1]).loss[0])
+        if (i + 1) % every == 0:
+            print(f"  step {i + 1:6d}   one-step-ahead MSE {np.nanmean(losses[-every:]):.5f}", flush=True)
+    first, last = np.nanmean(losses[1:every + 1]), np.nanmean(losses[-every:])
+    print(f"loss fell {first / last:.1f}x ({first:.4f} -> {last:.5f})")
+    return 0
