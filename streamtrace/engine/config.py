@@ -78,6 +78,30 @@ class LearningConfig:
 
 
 @dataclass
+class CombineConfig:             # what the user gets: the model's forecast mixed with simple experts
+    experts: bool = False        # on in the default learner; an online mixture of the model with
+                                 # persistence, a running mean (and a seasonal naive forecast) by
+                                 # their recent losses, per stream and channel (learner/experts.py)
+    period: int = 0              # the seasonal naive expert's period in samples (0: none)
+    eta: float = 8.0             # how fast the weights follow the losses (per std-unit squared error)
+    window: int = 500            # the losses' memory (forgetting 1 - 1/window) and the mean's window
+
+
+# The default learner: what `serve`, `demo`, `replay --serve`, the bridges and `evaluate` run when
+# the config names no model (neither model.stack nor model.factory). Any of these keys the config
+# does set wins. A fixed 200-unit float64 reservoir, causal standardisation, forecasts of the change
+# from the last value (forecast mode), an exact RLS readout choosing between two ridges, mixed with
+# persistence and a running mean (measured: README, "Learning quality").
+DEFAULT_LEARNER = {
+    "model": {"stack": "reservoir", "n_hidden": 200, "precision": 64},
+    "signal": {"normalise": True, "normalise_rate": 0.003, "residual": "forecast"},  # residual: forecasts only
+    "readout": {"kind": "rls"},
+    "learning": {"optimizer": "frozen"},
+    "combine": {"experts": True},
+}
+
+
+@dataclass
 class EngineSection:
     slots: int = 16
     shared_weights: bool = False  # one model per stream by default: streams cannot disturb each other
@@ -143,6 +167,7 @@ class EngineConfig:
     signal: SignalConfig = field(default_factory=SignalConfig)
     readout: ReadoutConfig = field(default_factory=ReadoutConfig)
     learning: LearningConfig = field(default_factory=LearningConfig)
+    combine: CombineConfig = field(default_factory=CombineConfig)
     engine: EngineSection = field(default_factory=EngineSection)
     sockets: SocketsConfig = field(default_factory=SocketsConfig)
     publish: PublishConfig = field(default_factory=PublishConfig)
@@ -285,6 +310,11 @@ class EngineConfig:
         if l.horizon > 1 and l.mode != "forecast":
             raise ConfigError("learning.horizon", "needs learning.mode = 'forecast'")
         _int_range("metrics.window", self.metrics.window, 1, 2**31 - 1)
+        c = self.combine
+        if c.period == 1 or not 0 <= c.period <= 10_000_000:
+            raise ConfigError("combine.period", f"must be a period of >= 2 samples (or 0: none); got {c.period}")
+        _positive("combine.eta", c.eta)
+        _int_range("combine.window", c.window, 1, 2**31 - 1)
 
     def exposed_remotely(self) -> list[str]:
         """Socket addresses that listen beyond loopback."""
@@ -388,11 +418,24 @@ def fill_section(obj, data: dict, where: str):
 
 def load_config(path: str | Path | None = None, overrides: dict | None = None) -> EngineConfig:
     cfg = EngineConfig()
-    if path:
-        _fill(cfg, read_toml(path), "")
-    if overrides:
-        _fill(cfg, overrides, "")
+    given = set()
+    for data in ((read_toml(path) if path else None), overrides):
+        if data:
+            _fill(cfg, data, "")
+            given |= {f"{sec}.{k}" for sec, v in data.items() if isinstance(v, dict) for k in v}
+    if not {"model.stack", "model.factory"} & given:
+        _default_learner(cfg, given)
     return cfg.validate()
+
+
+def _default_learner(cfg: EngineConfig, given: set):
+    """Fill ``DEFAULT_LEARNER`` into the keys the config left out."""
+    for section, values in DEFAULT_LEARNER.items():
+        for key, value in values.items():
+            if f"{section}.{key}" not in given:
+                if value == "forecast":
+                    value = cfg.learning.mode == "forecast"
+                setattr(getattr(cfg, section), key, value)
 
 
 def build_model(cfg: ModelConfig, reservoir: ReservoirConfig | None = None):

@@ -76,7 +76,9 @@ class OnlineLearner:
     learner/adam.py), ``param_groups(...)`` (settings per named group), or
     "frozen" (the model's weights never move: a fixed reservoir under the readout).
     ``stats()["metrics"]``: rolling prequential MSE / MAE / NRMSE per slot (time constant
-    ``window`` steps).
+    ``window`` steps). combine=experts(): what the user gets is an online mixture of the
+    model's prediction with persistence, a running mean and a seasonal naive forecast, weighted
+    by their recent losses (learner/experts.py; forecast and supervised modes).
 
     The state crosses the compiled call as a few buffers: small leaves packed per dtype, leaves
     of at least ``standalone`` elements (weights, moments, traces) as buffers of their own.
@@ -93,7 +95,7 @@ class OnlineLearner:
                  mode="supervised", learn_every: int = 1, slots: int | None = None,
                  shared_weights: bool = True, reduce: str = "mean", clip: float | None = None,
                  batch_size: int | None = None, donate: bool | None = None, standalone: int | None = 2048,
-                 transform=None, readout=None, window: int = 1000):
+                 transform=None, readout=None, window: int = 1000, combine=None):
         example_x = np.asarray(example_x)
         if slots is not None and slots < 1:
             raise ValueError(f"slots must be >= 1; got {slots}")
@@ -121,7 +123,7 @@ class OnlineLearner:
         self.cfg = StepConfig(mode, learn_every, reduce, channels, spec.horizon if spec else 1, window)
         self.fns = StepFunctions(self.algo, get_loss(loss), None if groups else optimizer, self.cfg,
                                  transform=transform, readout=readout, groups=groups, y_shape=self.out_shape,
-                                 clip=clip)
+                                 clip=clip, combine=combine)
         self.horizon = self.cfg.horizon
         self.slots, self.n = slots, slots or 1
         self.per_slot = slots is not None and not shared_weights
@@ -136,6 +138,7 @@ class OnlineLearner:
                                  "horizon": self.horizon, "window": window,
                                  "transform": None if transform is None else transform.describe(),
                                  "readout": None if readout is None else readout.describe(),
+                                 **({} if combine is None else {"combine": combine.describe()}),
                                  "groups": None if groups is None else groups.describe(),
                                  "frozen": frozen, "model": describe_model(model),
                                  "optimizer": {} if self.fns.opt is None else describe_optimizer(self.fns.opt)}
@@ -510,7 +513,7 @@ class OnlineLearner:
         ``reset_slot`` and for ``read_slot`` / ``write_slot`` (the engine's parking)."""
         if self.per_slot:
             return state
-        part = {k: state[k] for k in ("hidden", "traces", "pending", "signal", "readout") if k in state}
+        part = {k: state[k] for k in ("hidden", "traces", "pending", "signal", "readout", "combine") if k in state}
         part["stats"] = {k: state["stats"][k] for k in ("preq_sum", "preq_n", "roll")}
         return part
 
