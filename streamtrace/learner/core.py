@@ -30,7 +30,8 @@ __all__ = ["OnlineLearner", "StepResult"]
 @dataclass(frozen=True)
 class StepResult:
     prediction: np.ndarray   # (slots, *out) or (*out) without slots
-    loss: np.ndarray         # per slot; NaN where the slot did not learn this step
+    loss: np.ndarray         # per slot, of the prediction the user got, in user units (the model's own
+                             # loss without transforms or combiner); NaN where the slot did not learn
     applied: bool | np.ndarray  # an optimizer update was applied (per slot with per-slot weights)
 
 

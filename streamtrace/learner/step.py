@@ -381,6 +381,7 @@ class StepFunctions:
         state = self._learn_readout(state, r, t_model, learning)
         state, applied = self._apply(state, grads, jnp.any(learning))
         state = self._observe(state, x, target, observe)
+        losses = self._reported(losses, out, target)
         state = self._finish(state, active & ~ok, learning, losses, out, target, observe)
         return state, out, jnp.where(learning, losses, jnp.nan), applied
 
@@ -412,6 +413,7 @@ class StepFunctions:
         pred_m, r = self._head(state, out, z)
         preds = self._rollout(state, h, x, T.decode(sig, x, pred_m))
         state, preds = self._combined(state, y_now, has_prev, x_ok, preds, keep)
+        losses = self._reported(losses, pend["pred"], y_now)
         state = self._finish(state, active & ~keep, learning, losses, pend["pred"], y_now, has_prev)
         state = {**state, "hidden": _slot_where(keep, h, state["hidden"]),
                  "pending": {"x": jnp.where(_lead(keep, x), x, pend["x"]),
@@ -453,6 +455,7 @@ class StepFunctions:
         state = self._observe(state, x, None, keep)
         preds = self._rollout(state, h_cur, x)
         state, preds = self._combined(state, y_now, advance, keep, preds, keep)
+        losses = self._reported(losses, pend["pred"], y_now)
         state = self._finish(state, active & ~keep, learning, losses, pend["pred"], y_now, advance)
         # traces: guarded inside the step (where there was nothing to replay they are the old)
         state = {**state, "hidden": _slot_where(keep, h_cur, state["hidden"]), "traces": tr1,
@@ -461,6 +464,13 @@ class StepFunctions:
                              "pred": jnp.where(_lead(keep, preds[0]), preds[0], pend["pred"])}}
         pred = preds[0] if self.cfg.horizon == 1 else jnp.stack(preds, axis=1)
         return state, pred, jnp.where(learning, losses, jnp.nan), applied
+
+    def _reported(self, losses, pred, target):
+        """The per-slot loss a step reports (replies, stats): of the prediction the user got, in
+        the user's units. Without transforms or a combiner that is the model's own loss."""
+        if isinstance(self.transform, Identity) and self.combine is None:
+            return losses
+        return jax.vmap(self.loss_fn)(pred, target.astype(pred.dtype)).astype(losses.dtype)
 
     def _combined(self, state, y_now, scored, seen, preds, keep):
         """Forecast: the combiner scores the pending forecast on y_now and mixes the next one
