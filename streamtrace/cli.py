@@ -100,15 +100,18 @@ def cmd_demo(args) -> int:
     from .adapters import SensorClient, Subscriber
     work = Path(tempfile.mkdtemp(prefix="streamtrace-demo-"))
     base = f"ipc://{work}/"
+    given = lambda **kw: {k: v for k, v in kw.items() if v is not None}  # noqa: E731
     config = write_config(work / "engine.toml", {
-        "model": {"stack": args.model, "n_in": 1, "n_hidden": args.hidden, "n_out": 1},
-        "learning": {"algorithm": args.algorithm, "mode": "forecast", "lr": args.lr},
+        "model": given(stack=args.model, n_in=1, n_hidden=args.hidden, n_out=1),
+        "learning": given(algorithm=args.algorithm, mode="forecast", lr=args.lr),
         "engine": {"slots": max(args.streams, 1)},
         "sockets": {"router": base + "router", "pull": base + "pull", "pub": base + "pub"},
         "publish": {"weights_every": 500, "stats_every_s": 1.0, "predictions": False},
         "checkpoint": {"dir": str(work / "checkpoints"), "every": 2000},
     })
-    print(f"streamtrace demo: engine with {args.model.upper()}-{args.hidden} ({args.algorithm}, forecast), "
+    what = "the default learner" if args.model is None else \
+        f"{args.model.upper()}-{args.hidden or 32} ({args.algorithm or 'd-rtrl'})"
+    print(f"streamtrace demo: engine with {what}, forecast, "
           f"{args.streams} synthetic sensor streams x {args.steps} steps over ZeroMQ ipc")
     engine = start_engine(config)
     signals = [_signal(i, args.steps + 1) for i in range(args.streams)]
@@ -343,10 +346,13 @@ def main(argv=None) -> int:
     for name, func, steps in (("demo", cmd_demo, 3000), ("learn", cmd_learn, 4000)):
         p = sub.add_parser(name, help={"demo": "an engine and synthetic sensor streams, live progress",
                                        "learn": "the engine-free online learning demo"}[name])
-        p.add_argument("--model", default="gru", help="built-in stack: gru, lstm, rnn, lif, alif, leaky")
-        p.add_argument("--hidden", type=int, default=32)
-        p.add_argument("--algorithm", default="d-rtrl", choices=["d-rtrl", "es-d-rtrl", "rtrl"])
-        p.add_argument("--lr", type=float, default=1e-3)
+        demo = name == "demo"      # the demo serves the default learner unless a stack is named
+        p.add_argument("--model", default=None if demo else "gru",
+                       help="built-in stack: gru, lstm, rnn, lif, alif, leaky" +
+                       (" (default: the default learner, see README)" if demo else ""))
+        p.add_argument("--hidden", type=int, default=None if demo else 32)
+        p.add_argument("--algorithm", default=None if demo else "d-rtrl", choices=["d-rtrl", "es-d-rtrl", "rtrl"])
+        p.add_argument("--lr", type=float, default=None if demo else 1e-3)
         p.add_argument("--steps", type=int, default=steps)
         if name == "demo":
             p.add_argument("--streams", type=int, default=4)
