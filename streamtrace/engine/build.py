@@ -3,9 +3,11 @@
 ``streamtrace evaluate`` scores it)."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
-from ..learner import Forecast, OnlineLearner, chain, experts, normalise, residual, rls
+from ..learner import Forecast, OnlineLearner, chain, experts, feedback, normalise, residual, rls
 from .config import ConfigError, EngineConfig, build_model, make_optimizer
 
 __all__ = ["build_learner", "set_precision"]
@@ -20,7 +22,7 @@ def set_precision(bits: int):
 def transform_of(cfg: EngineConfig):
     sg = cfg.signal
     parts = ([normalise(sg.normalise_warmup, sg.normalise_rate)] if sg.normalise else []) + \
-        ([residual()] if sg.residual else [])
+        ([residual()] if sg.residual else []) + ([feedback(sg.feedback, cfg.model.n_out)] if sg.feedback else [])
     return chain(*parts) if parts else None
 
 
@@ -40,7 +42,8 @@ def combine_of(cfg: EngineConfig):
 def build_learner(cfg: EngineConfig, *, slots: int | None = None, shared_weights: bool = True) -> OnlineLearner:
     lc = cfg.learning
     set_precision(cfg.model.precision)
-    model = build_model(cfg.model, cfg.reservoir)
+    n_model = cfg.model.n_in + cfg.signal.feedback * cfg.model.n_out      # feedback: targets are inputs too
+    model = build_model(dataclasses.replace(cfg.model, n_in=n_model), cfg.reservoir)
     example = np.zeros(cfg.model.n_in, np.float64 if cfg.model.precision == 64 else np.float32)
     mode = lc.mode
     if mode == "forecast" and (lc.channels or lc.horizon > 1):

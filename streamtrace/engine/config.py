@@ -51,6 +51,7 @@ class SignalConfig:              # between the user's units and the model
     normalise_warmup: int = 100
     normalise_rate: float = 0.0  # after warm-up: 0 = frozen statistics, else an exponential rate
     residual: bool = False       # forecast: predict the change from the last value
+    feedback: int = 0            # supervised: the targets of the last N steps are inputs too (0: off)
 
 
 @dataclass
@@ -287,6 +288,10 @@ class EngineConfig:
         _int_range("signal.normalise_warmup", sg.normalise_warmup, 1, 2**31 - 1)
         if not 0 <= sg.normalise_rate < 1:
             raise ConfigError("signal.normalise_rate", f"must be in [0, 1); got {sg.normalise_rate}")
+        _int_range("signal.feedback", sg.feedback, 0, 10_000, " (targets fed back; 0: off)")
+        if sg.feedback and l.mode != "supervised":
+            raise ConfigError("signal.feedback", "feeds supervised targets back as inputs: needs learning.mode = "
+                              "'supervised' (a forecast's input already is its last target)")
         if sg.residual and l.mode != "forecast":
             raise ConfigError("signal.residual", "predicts the change of a forecast: needs learning.mode = 'forecast'")
         if ro.kind not in ("", "rls"):

@@ -12,6 +12,7 @@ from .checkpoint import (
 )
 from .core import OnlineLearner, StepResult
 from .experts import experts
+from .feedback import feedback
 from .groups import param_groups
 from .losses import LOSSES
 from .modes import Forecast
@@ -23,4 +24,4 @@ from .transforms import chain
 
 __all__ = ["OnlineLearner", "StepResult", "Layout", "LOSSES", "CheckpointError", "CheckpointDir",
            "read_checkpoint", "write_checkpoint", "Forecast", "normalise", "residual", "chain", "rls",
-           "param_groups", "adam", "experts"]
+           "param_groups", "adam", "experts", "feedback"]

@@ -106,8 +106,8 @@ class OnlineLearner:
         mode = "forecast" if spec is not None else mode
         brainstate.nn.init_all_states(model, batch_size)
         self.model = model
-        self.algo = make_algorithm(algorithm, model, jnp.asarray(example_x), decay=decay, rank=rank,
-                                   signal=signal)
+        self.algo = make_algorithm(algorithm, model, jnp.asarray(self._model_input(example_x, transform, readout)),
+                                   decay=decay, rank=rank, signal=signal)
         out = self.algo.graph.out_struct
         if not hasattr(out, "shape"):
             raise ValueError("the model must return one array (the prediction)")
@@ -155,6 +155,14 @@ class OnlineLearner:
         self._state_dict_signature = None
         self._ones = np.ones(self.n, bool)
         self._no_target = np.zeros((self.n,) + self.out_shape if slots else self.out_shape, self.y_dtype)
+
+    @staticmethod
+    def _model_input(example_x, transform, readout):
+        """An example of the model's input: x, widened by transforms that add inputs (feedback)."""
+        if transform is None or example_x.ndim != 1:
+            return example_x
+        n = transform.widen(example_x.shape[0], getattr(readout, "n_out", None))
+        return example_x if n == example_x.shape[0] else np.zeros(n, example_x.dtype)
 
     def _channels(self, spec):
         if spec is None or spec.channels is None:

@@ -229,7 +229,8 @@ class StepFunctions:
             state["signal"] = sig
         if self.readout is not None:
             feat = self.algo.graph.out_struct
-            n_in = math.prod(x_shape)
+            z = jax.eval_shape(self.transform.encode, sig, jax.ShapeDtypeStruct((n_slots,) + tuple(x_shape), x_dtype))
+            n_in = math.prod(z.shape[1:])       # the encoded input (feedback widens it)
             n_feat = math.prod(feat.shape)
             state["readout"] = self.readout.init(n_slots, n_feat, n_in, n_out, feat.dtype)
             if self._carry_features:
