@@ -32,8 +32,15 @@ from streamtrace.tasks import Task, TaskError, get_task  # noqa: E402
 _RES = {"stack": "reservoir", "precision": 64}
 _FROZEN_RLS = {"readout": {"kind": "rls"}, "learning": {"optimizer": "frozen"}}
 CONFIGS = {
-    # the documented default: 200-unit float64 reservoir, normalise + residual, RLS (two ridges)
+    # the documented default (engine.config.DEFAULT_LEARNER): 200-unit float64 reservoir,
+    # normalise + residual, RLS (two ridges), mixed with persistence and a running mean (experts)
     "default": None,
+    "default without experts": {"combine": {"experts": False}},
+    # targets as inputs (supervised): the last target fed back to an 800-unit reservoir
+    "reservoir-800 narma feedback": {"model": {**_RES, "n_hidden": 800},
+                                     "reservoir": {"input_scaling": 0.05, "spectral_radius": 0.95},
+                                     "signal": {"feedback": 1}, "readout": {"kind": "rls", "delta": 1e-8},
+                                     "learning": {"optimizer": "frozen"}},
     "reservoir-300": {"model": {**_RES, "n_hidden": 300}, "signal": {"normalise": True, "residual": True},
                       **_FROZEN_RLS},
     # reservoirpy's best size on Mackey-Glass, one ridge
@@ -60,7 +67,7 @@ CONFIGS = {
 }
 # configs that only make sense on some tasks (a single-channel spiking factory, a residual forecast)
 ONLY_ON = {"lif-256 d-rtrl norm": {"mackey-glass"}, "alif-256 d-rtrl norm": {"mackey-glass"},
-           "reservoir-300 narma": {"narma10"}}
+           "reservoir-300 narma": {"narma10"}, "reservoir-800 narma feedback": {"narma10"}}
 SKIP_ON = {"narma10": {"reservoir-300", "reservoir-500", "hybrid-200 d-rtrl", "gru-32 d-rtrl norm+res"}}
 
 TASKS = ["mackey-glass", "narma10", "co2", "sunspots"]
