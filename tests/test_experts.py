@@ -162,3 +162,21 @@ def test_checkpoint_round_trip_continues_bit_for_bit(tmp_path):
 def test_bad_settings_are_named(kw, match):
     with pytest.raises(ValueError, match=match):
         experts(**kw)
+
+
+@pytest.mark.parametrize("combine", [None, experts(eta=ETA, window=WINDOW)])
+def test_reported_loss_is_the_users_error_in_user_units(combine):
+    """With transforms (standardised, residual) and a combiner, a step's loss is the squared error
+    of the prediction the stream got, in the units it sent: what replies and stats report."""
+    xs = 50.0 + 20.0 * _series(150)                      # far from unit scale
+    L = _forecaster(combine)
+    preds, losses = [], []
+    for x in xs:
+        r = L.step(x)
+        preds.append(r.prediction)
+        losses.append(r.loss[0])
+    preds, losses = np.array(preds), np.array(losses)
+    scored = ~np.isnan(losses)
+    assert scored[-50:].all() and not scored[:20].any()     # after the normaliser's warm-up
+    want = np.mean((preds[:-1] - xs[1:]) ** 2, axis=1)
+    np.testing.assert_allclose(losses[1:][scored[1:]], want[scored[1:]], rtol=1e-9)
