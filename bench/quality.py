@@ -260,6 +260,8 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="1,500 steps, one seed, the first entry of each grid")
     ap.add_argument("--tasks", nargs="+", default=TASKS)
     ap.add_argument("--only", nargs="+", default=None, choices=["streamtrace", "reservoirpy", "river", "jax"])
+    ap.add_argument("--configs", nargs="+", default=None, choices=list(CONFIGS), metavar="NAME",
+                    help="only these streamtrace configs (default: all of CONFIGS)")
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--window", type=int, default=None)
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
@@ -269,6 +271,10 @@ def main(argv=None):
     seeds = SEEDS[:1] if a.quick else SEEDS
     log = lambda s: print(s, file=sys.stderr, flush=True)   # noqa: E731
     t0 = time.time()
+    if a.configs:
+        for name in list(CONFIGS):
+            if name not in a.configs:
+                del CONFIGS[name]
     rows = run(a.tasks, seeds, steps, window, a.quick, set(a.only) if a.only else None, log)
     floor = ""
     if a.only is None or "jax" in a.only:
@@ -288,6 +294,7 @@ def main(argv=None):
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = "quality" + ("-quick" if a.quick else "") + ("-" + "-".join(a.only) if a.only else "") + \
+        ("-selected" if a.configs else "") + \
         ("" if a.tasks == TASKS else "-" + "-".join(Path(t).stem for t in a.tasks))   # a partial run: its own file
     (out / f"{stem}.md").write_text(markdown(rows, header))
     (out / f"{stem}.json").write_text(json.dumps({"header": header, "rows": rows}, indent=1, default=str))
