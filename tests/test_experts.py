@@ -15,19 +15,31 @@ from streamtrace.nn import Stack
 ETA, WINDOW, CLIP = 3.0, 40, 4.0
 
 
-def np_mixture(model, targets, *, forecast, period=None, eta=ETA, window=WINDOW, clip=CLIP):
+def np_mixture(model, targets, *, forecast, period=None, eta=ETA, window=WINDOW, clip=CLIP, max_period=None):
     """model (T, C): the model's prediction at each step; targets (T, C): forecast: the input
     at each step (the target of the previous prediction); supervised: each step's target.
+    max_period: detect the period (the lag in 2..max_period with the lowest mean squared error).
     Returns the mixture's predictions (T, C) and the discounted losses (K, C) at the end."""
     T, C = model.shape
-    K = 4 if period else 3
+    K = 4 if period or max_period else 3
     L, hist, mean, var = np.zeros((K, C)), [], np.zeros(C), np.zeros(C)
+    lag_err = np.zeros(((max_period or 1) + 1, C))      # lag_err[p]: lag p's mean squared error
+
+    def seasonal():
+        n = len(hist)
+        if period:
+            return hist[-period] if n >= period else np.full(C, np.nan)
+        if n < 2:
+            return np.full(C, np.nan)
+        lags = list(range(2, min(n, max_period) + 1))
+        best = [lags[int(np.argmin([lag_err[p, c] for p in lags]))] for c in range(C)]
+        return np.array([hist[-p][c] for c, p in enumerate(best)])
 
     def preds(m):
         n = len(hist)
         e = [m, hist[-1] if n else np.full(C, np.nan), mean.copy() if n else np.full(C, np.nan)]
-        if period:
-            e.append(hist[-period] if n >= period else np.full(C, np.nan))
+        if period or max_period:
+            e.append(seasonal())
         return np.array(e)
 
     def score(m, y):
@@ -42,6 +54,10 @@ def np_mixture(model, targets, *, forecast, period=None, eta=ETA, window=WINDOW,
 
     def observe(y):
         nonlocal mean, var
+        for p in range(2, (max_period or 0) + 1):
+            if len(hist) >= p:
+                a = max(1 / (len(hist) - p + 1), 1 / window)
+                lag_err[p] += a * ((y - hist[-p]) ** 2 - lag_err[p])
         hist.append(np.array(y, float))
         w = max(1 / len(hist), 1 / window)
         d = y - mean
@@ -79,22 +95,24 @@ def _series(steps, seed=0, channels=2):
 
 def _forecaster(combine, slots=None):
     """The default learner (a small one) for two channels; combine: None (off) or experts(...)."""
+    d = combine and combine.describe()
     on = {"experts": False} if combine is None else \
-        {"experts": True, "period": combine.period or 0, "eta": combine.eta, "window": combine.window}
+        {"experts": True, "period": d["period"] or 0, "max_period": d["max_period"] or 0, "eta": combine.eta,
+         "window": combine.window}
     cfg = load_config(None, {"model": {"n_in": 2, "n_out": 2, "n_hidden": 12, "seed": 3},
                              "signal": {"normalise_warmup": 20}, "combine": on})
     assert cfg.model.stack == "reservoir" and cfg.model.precision == 64    # the default learner
     return build_learner(cfg, slots=slots)
 
 
-@pytest.mark.parametrize("period", [None, 7])
-def test_forecast_mixture_and_weights_equal_numpy(period):
+@pytest.mark.parametrize("period,max_period", [(None, None), (7, None), (None, 24)])
+def test_forecast_mixture_and_weights_equal_numpy(period, max_period):
     xs = _series(160)
     plain = _forecaster(None)
     model = np.array([plain.step(x).prediction for x in xs])
-    mixed = _forecaster(experts(period, eta=ETA, window=WINDOW))
+    mixed = _forecaster(experts(period, eta=ETA, window=WINDOW, max_period=max_period))
     got = np.array([mixed.step(x).prediction for x in xs])
-    want, L = np_mixture(model, xs, forecast=True, period=period)
+    want, L = np_mixture(model, xs, forecast=True, period=period, max_period=max_period)
     np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(mixed.state_dict()["combine.L"][0], L, rtol=1e-9, atol=1e-12)
     # the mixture is not just the model: persistence and the mean took weight early on
@@ -102,6 +120,27 @@ def test_forecast_mixture_and_weights_equal_numpy(period):
     # the weights it reports are the softmax of -eta L
     w = np.exp(-ETA * (L - L.min(0)))
     assert np.all(w / w.sum(0) <= 1) and mixed.state_dict()["combine.n"][0] == len(xs)
+
+
+def test_a_period_is_detected():
+    """A noisy cycle of 12 samples: the seasonal expert settles on lag 12 (numpy: the lag whose
+    forecasts had the lowest mean squared error) and the mixture beats persistence."""
+    rng = np.random.default_rng(4)
+    t = np.arange(300)
+    y = (np.where(t % 12 < 3, 1.0, 0.0) + 0.05 * rng.standard_normal(300))[:, None]
+    model = np.zeros((300, 1))                                  # a model that knows nothing
+    want, _ = np_mixture(model, y, forecast=True, max_period=20)
+    e = experts(eta=ETA, window=WINDOW, max_period=20)
+    s = e.init(1, 1, np.float32)
+    got = []
+    for i in range(300):
+        s, out = e.forecast(s, y[i][None].astype(np.float32), np.array([i > 0]), np.array([True]),
+                            np.zeros((1, 1), np.float32), np.array([True]))
+        got.append(np.asarray(out)[0])
+    np.testing.assert_allclose(np.array(got), want, rtol=2e-4, atol=2e-4)
+    assert int(np.argmin(np.asarray(s["lag_err"])[0, :, 0])) + 2 == 12
+    late = slice(200, 299)
+    assert np.mean((want[late] - y[1:][late]) ** 2) < 0.2 * np.mean((y[:-1][late] - y[1:][late]) ** 2)
 
 
 def test_supervised_mixture_equals_numpy():
@@ -158,7 +197,8 @@ def test_checkpoint_round_trip_continues_bit_for_bit(tmp_path):
 
 @pytest.mark.parametrize("kw,match", [
     ({"period": 1}, "period"), ({"period": 2.5}, "period"), ({"eta": 0}, "eta"),
-    ({"window": 0}, "window"), ({"clip": float("inf")}, "clip")])
+    ({"window": 0}, "window"), ({"clip": float("inf")}, "clip"), ({"max_period": 1}, "max_period"),
+    ({"period": 5, "max_period": 9}, "not both")])
 def test_bad_settings_are_named(kw, match):
     with pytest.raises(ValueError, match=match):
         experts(**kw)

@@ -36,7 +36,8 @@ def readout_of(cfg: EngineConfig):
 
 def combine_of(cfg: EngineConfig):
     c = cfg.combine
-    return experts(c.period or None, eta=c.eta, window=c.window) if c.experts else None
+    return experts(c.period or None, eta=c.eta, window=c.window, max_period=c.max_period or None) \
+        if c.experts else None
 
 
 def build_learner(cfg: EngineConfig, *, slots: int | None = None, shared_weights: bool = True) -> OnlineLearner:

@@ -84,6 +84,7 @@ class CombineConfig:             # what the user gets: the model's forecast mixe
                                  # persistence, a running mean (and a seasonal naive forecast) by
                                  # their recent losses, per stream and channel (learner/experts.py)
     period: int = 0              # the seasonal naive expert's period in samples (0: none)
+    max_period: int = 0          # or detect it: the best lag in 2..max_period so far (0: off)
     eta: float = 8.0             # how fast the weights follow the losses (per std-unit squared error)
     window: int = 500            # the losses' memory (forgetting 1 - 1/window) and the mean's window
 
@@ -318,6 +319,12 @@ class EngineConfig:
         c = self.combine
         if c.period == 1 or not 0 <= c.period <= 10_000_000:
             raise ConfigError("combine.period", f"must be a period of >= 2 samples (or 0: none); got {c.period}")
+        if c.max_period == 1 or not 0 <= c.max_period <= 100_000:
+            raise ConfigError("combine.max_period", f"must be in 2..100000 samples (or 0: no detection); "
+                              f"got {c.max_period}")
+        if c.period and c.max_period:
+            raise ConfigError("combine.max_period", "give combine.period (known) or combine.max_period "
+                              "(detect it), not both")
         _positive("combine.eta", c.eta)
         _int_range("combine.window", c.window, 1, 2**31 - 1)
 

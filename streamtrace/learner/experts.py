@@ -7,7 +7,11 @@ experts' predictions of the next target y_t:
     persistence   the last target, y_{t-1}
     mean          a running mean of the targets (1/n while n < window, then an exponential
                   average with rate 1/window)
-    seasonal      y_{t-period}, when ``period`` is set (a ring buffer of ``period`` targets)
+    seasonal      y_{t-period}, when ``period`` is set (a ring buffer of ``period`` targets);
+                  with ``max_period`` instead, the period is detected: every lag p in
+                  2..max_period keeps the mean squared error its forecast y_{t-p} would have
+                  had (1/k, then an exponential average over ``window``), and the seasonal
+                  expert uses the lag with the lowest one so far (per channel; past data only)
 
 weighted by their recent prequential losses with the exponentially weighted average
 forecaster (EWA, Vovk; Littlestone & Warmuth's weighted majority for real predictions):
@@ -52,25 +56,33 @@ class Experts:
     """The combiner (see the module docstring). ``forecast`` and ``supervised`` are the two ways
     the learner's step calls it; state per slot: ``L`` (N, K, C) discounted losses, ``n``
     targets seen, ``last``, ``mean``, ``var`` (N, C), ``model`` (N, C) the model's pending
-    forecast, ``ring`` (N, period, C) with a period."""
+    forecast, ``ring`` (N, period, C) with a period, ``lag_err`` (N, max_period - 1, C) when
+    detecting it."""
 
     name = "experts"
 
-    def __init__(self, period: int | None = None, *, eta: float = 8.0, window: int = 500, clip: float = 4.0):
-        if period is not None and (not isinstance(period, int) or isinstance(period, bool) or period < 2):
-            raise ValueError(f"experts: period must be an integer >= 2 (or None); got {period!r}")
+    def __init__(self, period: int | None = None, *, eta: float = 8.0, window: int = 500, clip: float = 4.0,
+                 max_period: int | None = None):
+        for key, v in (("period", period), ("max_period", max_period)):
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 2):
+                raise ValueError(f"experts: {key} must be an integer >= 2 (or None); got {v!r}")
+        if period and max_period:
+            raise ValueError("experts: give period (known) or max_period (detect it), not both")
         if not (isinstance(eta, (int, float)) and eta > 0 and eta < float("inf")):
             raise ValueError(f"experts: eta (learning rate of the weights) must be a finite number > 0; got {eta!r}")
         if not isinstance(window, int) or isinstance(window, bool) or window < 1:
             raise ValueError(f"experts: window must be an integer >= 1 (steps); got {window!r}")
         if not (isinstance(clip, (int, float)) and clip > 0 and clip < float("inf")):
             raise ValueError(f"experts: clip (the loss bound B) must be a finite number > 0; got {clip!r}")
-        self.period, self.eta, self.window, self.clip = period, float(eta), window, float(clip)
-        self.names = EXPERTS if period else EXPERTS[:3]
+        self.detect = bool(max_period)
+        self.period = period or max_period        # the ring's length
+        self.eta, self.window, self.clip = float(eta), window, float(clip)
+        self.names = EXPERTS if self.period else EXPERTS[:3]
 
     def describe(self) -> dict:
-        return {"kind": self.name, "experts": list(self.names), "period": self.period, "eta": self.eta,
-                "window": self.window, "clip": self.clip}
+        return {"kind": self.name, "experts": list(self.names), "period": None if self.detect else self.period,
+                "max_period": self.period if self.detect else None, "eta": self.eta, "window": self.window,
+                "clip": self.clip}
 
     def init(self, n: int, n_out: int, dtype) -> dict:
         z = jnp.zeros((n, n_out), dtype)
@@ -78,7 +90,27 @@ class Experts:
                  "last": z, "mean": z, "var": z, "model": z}
         if self.period:
             state["ring"] = jnp.zeros((n, self.period, n_out), dtype)
+        if self.detect:     # each candidate lag's mean squared error as a forecast (2..max_period)
+            state["lag_err"] = jnp.zeros((n, self.period - 1, n_out), dtype)
         return state
+
+    def _lagged(self, s):
+        """(N, P-1, C) the targets 2..P steps before the next one, (N, P-1, 1) which exist."""
+        lags = jnp.arange(2, self.period + 1)
+        idx = (s["n"][:, None] - lags[None, :]) % self.period
+        vals = jnp.take_along_axis(s["ring"], idx[..., None], axis=1)
+        return vals, (s["n"][:, None] >= lags[None, :])[..., None]
+
+    def _seasonal(self, s):
+        """The seasonal naive forecast (N, C): y_{t-period}, or with a detected period the lag
+        in 2..max_period whose forecasts had the lowest mean squared error so far (per channel)."""
+        if not self.detect:
+            hot = jnp.arange(self.period)[None, :] == (s["n"] % self.period)[:, None]
+            return jnp.sum(jnp.where(hot[..., None], s["ring"], 0), axis=1)
+        vals, have = self._lagged(s)
+        err = jnp.where(have, s["lag_err"], jnp.inf)
+        best = jnp.argmin(err, axis=1)                                            # (N, C)
+        return jnp.take_along_axis(vals, best[:, None, :], axis=1)[:, 0]
 
     # ---- the experts and their mixture ------------------------------------------------------
     def _experts(self, s, model):
@@ -87,10 +119,8 @@ class Experts:
         preds = [model, s["last"], s["mean"]]
         avail = [jnp.isfinite(jnp.sum(model, axis=-1))[:, None, None], n >= 1, n >= 1]
         if self.period:
-            slot = (s["n"] % self.period)[:, None]
-            hot = jnp.arange(self.period)[None, :] == slot                       # (N, period)
-            preds.append(jnp.sum(jnp.where(hot[..., None], s["ring"], 0), axis=1))
-            avail.append(n >= self.period)
+            preds.append(self._seasonal(s))
+            avail.append(n >= (2 if self.detect else self.period))
         avail = jnp.concatenate([jnp.broadcast_to(a, (model.shape[0], 1, 1)) for a in avail], axis=1)
         return jnp.stack(preds, axis=1), avail
 
@@ -124,6 +154,12 @@ class Experts:
         keep = ok[:, None]
         new = {**s, "n": jnp.where(ok, n1, s["n"]), "last": jnp.where(keep, y, s["last"]),
                "mean": jnp.where(keep, mean, s["mean"]), "var": jnp.where(keep, var, s["var"])}
+        if self.detect:     # score every lag on y before y enters the ring
+            vals, have = self._lagged(s)
+            count = s["n"][:, None] - jnp.arange(2, self.period + 1)[None, :] + 1      # errors incl. this
+            a = jnp.maximum(1.0 / jnp.maximum(count, 1), 1.0 / self.window)[..., None].astype(y.dtype)
+            err = s["lag_err"] + a * ((y[:, None, :] - vals) ** 2 - s["lag_err"])
+            new["lag_err"] = jnp.where(have & ok[:, None, None], err, s["lag_err"])
         if self.period:
             hot = (jnp.arange(self.period)[None, :] == (s["n"] % self.period)[:, None]) & ok[:, None]
             new["ring"] = jnp.where(hot[..., None], y[:, None, :], s["ring"])
@@ -154,7 +190,9 @@ def _flat(a):
     return a.reshape(a.shape[0], -1)
 
 
-def experts(period: int | None = None, *, eta: float = 8.0, window: int = 500, clip: float = 4.0) -> Experts:
-    """Mix the model's forecast with persistence, a running mean and (with ``period``) the
-    seasonal naive forecast, weighted by their recent losses (see ``Experts``)."""
-    return Experts(period, eta=eta, window=window, clip=clip)
+def experts(period: int | None = None, *, eta: float = 8.0, window: int = 500, clip: float = 4.0,
+            max_period: int | None = None) -> Experts:
+    """Mix the model's forecast with persistence, a running mean and (with ``period``, or a
+    period detected in 2..``max_period``) the seasonal naive forecast, weighted by their recent
+    losses (see ``Experts``)."""
+    return Experts(period, eta=eta, window=window, clip=clip, max_period=max_period)
