@@ -153,12 +153,15 @@ def cmd_demo(args) -> int:
         stop(engine)
     elapsed = time.perf_counter() - t0
     window = max(1, args.steps // 10)
-    print(f"\n{'stream':10s} {'steps':>6s} {'first MSE':>10s} {'last MSE':>10s} {'fell':>6s}")
+    print(f"\n{'stream':10s} {'steps':>6s} {'first MSE':>10s} {'last MSE':>10s} {'fell':>6s} "
+          f"{'persistence':>11s}")
     ratios = []
     for i in range(args.streams):
         first, last = np.nanmean(losses[i][1:window]), np.nanmean(losses[i][-window:])
         ratios.append(first / last)
-        print(f"sensor-{i:<3d} {done[i]:6d} {first:10.4f} {last:10.5f} {first / last:5.1f}x")
+        s = signals[i][:args.steps + 1]     # "the next value equals the last", same window
+        naive = float(np.mean((s[1:] - s[:-1])[-window:] ** 2))
+        print(f"sensor-{i:<3d} {done[i]:6d} {first:10.4f} {last:10.5f} {first / last:5.1f}x {naive:11.5f}")
     print(f"{sum(done)} steps in {elapsed:.1f}s ({sum(done) / elapsed:.0f} steps/s over {args.streams} streams)")
     for e in errors:
         print("error:", e)
