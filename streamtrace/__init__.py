@@ -9,7 +9,8 @@ __version__ = "0.1.0"
 _FROM = {
     ".etrace": ("D_RTRL", "ES_D_RTRL", "RTRL", "CompileError", "CompileWarning", "ETraceGraph", "ETraceVjpAlgorithm",
                 "KappaFilter", "MultiStepData", "RandomFeedback", "SingleStepData", "compile_graph", "pp_prop"),
-    ".learner": ("CheckpointError", "Forecast", "OnlineLearner", "adam", "chain", "normalise", "param_groups",
+    ".learner": ("CheckpointError", "Forecast", "OnlineLearner", "adam", "chain", "experts", "feedback", "normalise",
+                 "param_groups",
                  "residual", "rls"),
 }
 _WHERE = {name: mod for mod, names in _FROM.items() for name in names}

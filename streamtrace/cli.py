@@ -58,10 +58,13 @@ def main(argv=None) -> int:
     for name, steps in (("demo", 3000), ("learn", 4000)):
         p = sub.add_parser(name, help={"demo": "an engine and synthetic sensor streams, live progress",
                                        "learn": "the engine-free online learning demo"}[name])
-        p.add_argument("--model", default="gru", help="built-in stack: gru, lstm, rnn, lif, alif, leaky")
-        p.add_argument("--hidden", type=int, default=32)
-        p.add_argument("--algorithm", default="d-rtrl", choices=["d-rtrl", "es-d-rtrl", "rtrl"])
-        p.add_argument("--lr", type=float, default=1e-3)
+        demo = name == "demo"      # the demo serves the default learner unless a stack is named
+        p.add_argument("--model", default=None if demo else "gru",
+                       help="built-in stack: gru, lstm, rnn, lif, alif, leaky" +
+                       (" (default: the default learner, see README)" if demo else ""))
+        p.add_argument("--hidden", type=int, default=None if demo else 32)
+        p.add_argument("--algorithm", default=None if demo else "d-rtrl", choices=["d-rtrl", "es-d-rtrl", "rtrl"])
+        p.add_argument("--lr", type=float, default=None if demo else 1e-3)
         p.add_argument("--steps", type=int, default=steps)
         if name == "demo":
             p.add_argument("--streams", type=int, default=4)

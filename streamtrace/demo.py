@@ -30,15 +30,18 @@ def run_cli(args) -> int:
     from .adapters import SensorClient, Subscriber
     work = Path(tempfile.mkdtemp(prefix="streamtrace-demo-"))
     base = f"ipc://{work}/"
+    given = lambda **kw: {k: v for k, v in kw.items() if v is not None}  # noqa: E731
     config = write_config(work / "engine.toml", {
-        "model": {"stack": args.model, "n_in": 1, "n_hidden": args.hidden, "n_out": 1},
-        "learning": {"algorithm": args.algorithm, "mode": "forecast", "lr": args.lr},
+        "model": given(stack=args.model, n_in=1, n_hidden=args.hidden, n_out=1),
+        "learning": given(algorithm=args.algorithm, mode="forecast", lr=args.lr),
         "engine": {"slots": max(args.streams, 1)},
         "sockets": {"router": base + "router", "pull": base + "pull", "pub": base + "pub"},
         "publish": {"weights_every": 500, "stats_every_s": 1.0, "predictions": False},
         "checkpoint": {"dir": str(work / "checkpoints"), "every": 2000},
     })
-    print(f"streamtrace demo: engine with {args.model.upper()}-{args.hidden} ({args.algorithm}, forecast), "
+    what = "the default learner" if args.model is None else \
+        f"{args.model.upper()}-{args.hidden or 32} ({args.algorithm or 'd-rtrl'})"
+    print(f"streamtrace demo: engine with {what}, forecast, "
           f"{args.streams} synthetic sensor streams x {args.steps} steps over ZeroMQ ipc")
     engine = start_engine(config)
     series = [two_tone(i, args.steps + 1) for i in range(args.streams)]
@@ -80,12 +83,15 @@ def run_cli(args) -> int:
         stop(engine)
     elapsed = time.perf_counter() - t0
     tenth = max(1, args.steps // 10)     # the first / last tenth of the run are compared
-    print(f"\n{'stream':10s} {'steps':>6s} {'first MSE':>10s} {'last MSE':>10s} {'fell':>6s}")
+    print(f"\n{'stream':10s} {'steps':>6s} {'first MSE':>10s} {'last MSE':>10s} {'fell':>6s} "
+          f"{'persistence':>11s}")
     ratios = []
     for i in range(args.streams):
         first, last = np.nanmean(losses[i][1:tenth]), np.nanmean(losses[i][-tenth:])
         ratios.append(first / last)
-        print(f"sensor-{i:<3d} {done[i]:6d} {first:10.4f} {last:10.5f} {first / last:5.1f}x")
+        s = series[i][:args.steps + 1]     # "the next value equals the last", same window
+        naive = float(np.mean((s[1:] - s[:-1])[-tenth:] ** 2))
+        print(f"sensor-{i:<3d} {done[i]:6d} {first:10.4f} {last:10.5f} {first / last:5.1f}x {naive:11.5f}")
     print(f"{sum(done)} steps in {elapsed:.1f}s ({sum(done) / elapsed:.0f} steps/s over {args.streams} streams)")
     for e in errors:
         print("error:", e)

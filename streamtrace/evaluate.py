@@ -120,15 +120,15 @@ def prequential(step_fn: StepFn, inputs, targets=None, *, window: int = 1000, na
 
 # ---- streamtrace learners -----------------------------------------------------------------
 def default_config(task: Task) -> dict:
-    """The documented forecast default (TOML-equivalent): used when no config is given.
-    The task decides n_in / n_out / mode; everything else is the library's default choice."""
-    return {
-        "model": {"stack": "reservoir", "n_in": task.n_in, "n_hidden": 200, "n_out": task.n_out,
-                  "precision": 64},
-        "signal": {"normalise": True, "normalise_rate": 0.003, "residual": task.mode == "forecast"},
-        "readout": {"kind": "rls"},
-        "learning": {"mode": task.mode, "optimizer": "frozen"},
-    }
+    """The documented default learner (``engine.config.DEFAULT_LEARNER``, what ``serve`` runs
+    when its config names no model) as a TOML-equivalent dict for ``task``: the task decides
+    n_in / n_out / mode."""
+    from .engine.config import DEFAULT_LEARNER
+    data = {section: dict(values) for section, values in DEFAULT_LEARNER.items()}
+    data["model"].update(n_in=task.n_in, n_out=task.n_out)
+    data["signal"]["residual"] = task.mode == "forecast"
+    data["learning"]["mode"] = task.mode
+    return data
 
 
 def task_config(task: Task, config: dict | str | Path | None = None, seed: int | None = None):

@@ -12,6 +12,11 @@ Messages (all maps carry ``"v": 1`` and ``"type"``):
     stats       engine -> PUB      a map of numbers (see README)
 
 An array is the map {"dtype": "<f4", "shape": [2, 3], "data": <bytes>}.
+
+Errors are in the user's units, whatever the model sees inside (standardised, residual): a
+prediction's ``loss`` is the loss (MSE) of the prediction this stream got for the target just
+learned from (forecast: the previous prediction against this x), and so are ``stats``'
+``stream_loss`` and the rolling metrics; nil while the slot does not learn (warm-up).
 """
 from __future__ import annotations
 

@@ -42,7 +42,7 @@ def _serve(tmp_path, window_us, monkeypatch):
         return events
     monkeypatch.setattr(zmq.Poller, "poll", poll)
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})   # as on a 2-CPU machine
-    cfg = load_config(None, {"model": {"n_hidden": 4}, "engine": {"slots": 1, "busy_poll_us": window_us},
+    cfg = load_config(None, {"model": {"stack": "gru", "n_hidden": 4}, "engine": {"slots": 1, "busy_poll_us": window_us},
                              "sockets": {"router": f"ipc://{tmp_path}/r", "pull": "", "pub": ""}})
     eng = Engine(cfg)
     th = threading.Thread(target=eng.run, kwargs={"install_signals": False, "max_seconds": 60},

@@ -447,7 +447,7 @@ def test_a_flipped_byte_anywhere_falls_back_to_the_older_checkpoint(tmp_path):
 
 
 def test_resume_logs_the_skipped_file_and_takes_the_older_one(tmp_path, caplog):
-    cfg = load_config(None, {"model": {"n_hidden": 3}, "engine": {"slots": 1, "micro_batch": 1},
+    cfg = load_config(None, {"model": {"stack": "gru", "n_hidden": 3}, "engine": {"slots": 1, "micro_batch": 1},
                              "checkpoint": {"dir": str(tmp_path)}})
     core = EngineCore(cfg)
     for steps in (5, 9):

@@ -266,7 +266,7 @@ def test_sigkill_of_a_process_saving_checkpoints_in_a_loop_never_corrupts_one(tm
 
 # ---- the stream position a checkpoint records ---------------------------------------------------
 def test_checkpoint_records_the_stream_position_of_its_learner_state(tmp_path):
-    sections = {"model": {"n_hidden": 4}, "engine": {"slots": 1, "micro_batch": 1},
+    sections = {"model": {"stack": "gru", "n_hidden": 4}, "engine": {"slots": 1, "micro_batch": 1},
                 "publish": {"weights_every": 0}, "checkpoint": {"dir": str(tmp_path), "every": 5}}
     core = EngineCore(load_config(None, sections))
     xs = np.sin(np.arange(13, dtype=np.float32))[:, None]

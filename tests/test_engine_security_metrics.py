@@ -20,7 +20,7 @@ def _free_port():
 
 
 def _engine(tmp_path, **overrides):
-    sections = {"model": {"n_hidden": 4}, "engine": {"slots": 2},
+    sections = {"model": {"stack": "gru", "n_hidden": 4}, "engine": {"slots": 2},
                 "sockets": {"router": f"ipc://{tmp_path}/r", "pull": "", "pub": ""},
                 "publish": {"stats_every_s": 0.2}}
     for k, v in overrides.items():

@@ -89,7 +89,7 @@ def short_socket_dir():
 
 def _sections(tmp_path, **over):
     router = f"ipc://{_SOCKETS['dir']}/r{next(_names)}"
-    sections = {"model": {"n_hidden": 4}, "engine": {"slots": 2, "micro_batch": 1},
+    sections = {"model": {"stack": "gru", "n_hidden": 4}, "engine": {"slots": 2, "micro_batch": 1},
                 "sockets": {"router": router, "pull": "", "pub": ""}}
     for section, values in over.items():
         sections.setdefault(section, {}).update(values)

@@ -271,7 +271,7 @@ def test_idle_streams_free_their_slots_and_forget_their_stats():
     """A stream idle past engine.idle_timeout_s gives its slot to a newcomer (whose slot is
     reset), and its per-stream loss leaves the stats."""
     now = [0.0]
-    cfg = load_config(None, {"model": {"n_hidden": 4}, "learning": {"mode": "forecast"},
+    cfg = load_config(None, {"model": {"stack": "gru", "n_hidden": 4}, "learning": {"mode": "forecast"},
                              "engine": {"slots": 1, "idle_timeout_s": 10.0}, "publish": {"weights_every": 0}})
     core = EngineCore(cfg, clock=lambda: now[0])
     for i in range(3):
@@ -331,7 +331,7 @@ def test_learner_slot_read_and_write_move_exactly_one_slot(shared):
     and rolling metrics with shared weights) and
     changes nothing else; checked on state_dict, not on the slot functions themselves."""
     from streamtrace.engine.build import build_learner
-    cfg = load_config(None, {"model": {"n_in": N_IN, "n_hidden": 4, "n_out": N_IN}, "learning": {"mode": "forecast"}})
+    cfg = load_config(None, {"model": {"stack": "gru", "n_in": N_IN, "n_hidden": 4, "n_out": N_IN}, "learning": {"mode": "forecast"}})
     L = build_learner(cfg, slots=3, shared_weights=shared)
     rng = np.random.default_rng(7)
     for _ in range(3):

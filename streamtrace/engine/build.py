@@ -1,11 +1,13 @@
 """A learner from a config: the one place that turns ``[model]``, ``[reservoir]``, ``[signal]``,
-``[readout]`` and ``[learning]`` into an ``OnlineLearner`` (the engine serves it,
+``[readout]``, ``[learning]`` and ``[combine]`` into an ``OnlineLearner`` (the engine serves it,
 ``streamtrace evaluate`` scores it)."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
-from ..learner import Forecast, OnlineLearner, chain, normalise, residual, rls
+from ..learner import Forecast, OnlineLearner, chain, experts, feedback, normalise, residual, rls
 from .config import ConfigError, EngineConfig, build_model, make_optimizer
 
 __all__ = ["build_learner", "set_precision"]
@@ -20,7 +22,7 @@ def set_precision(bits: int):
 def transform_of(cfg: EngineConfig):
     sg = cfg.signal
     parts = ([normalise(sg.normalise_warmup, sg.normalise_rate)] if sg.normalise else []) + \
-        ([residual()] if sg.residual else [])
+        ([residual()] if sg.residual else []) + ([feedback(sg.feedback, cfg.model.n_out)] if sg.feedback else [])
     return chain(*parts) if parts else None
 
 
@@ -32,10 +34,17 @@ def readout_of(cfg: EngineConfig):
     return rls(n_out, lam=ro.lam, delta=tuple(float(d) for d in ro.delta), use_input=ro.use_input)
 
 
+def combine_of(cfg: EngineConfig):
+    c = cfg.combine
+    return experts(c.period or None, eta=c.eta, window=c.window, max_period=c.max_period or None) \
+        if c.experts else None
+
+
 def build_learner(cfg: EngineConfig, *, slots: int | None = None, shared_weights: bool = True) -> OnlineLearner:
     lc = cfg.learning
     set_precision(cfg.model.precision)
-    model = build_model(cfg.model, cfg.reservoir)
+    n_model = cfg.model.n_in + cfg.signal.feedback * cfg.model.n_out      # feedback: targets are inputs too
+    model = build_model(dataclasses.replace(cfg.model, n_in=n_model), cfg.reservoir)
     example = np.zeros(cfg.model.n_in, np.float64 if cfg.model.precision == 64 else np.float32)
     mode = lc.mode
     if mode == "forecast" and (lc.channels or lc.horizon > 1):
@@ -45,7 +54,7 @@ def build_learner(cfg: EngineConfig, *, slots: int | None = None, shared_weights
             model, example, algorithm=lc.algorithm, decay=lc.decay or None, rank=lc.rank or None,
             optimizer=make_optimizer(lc), mode=mode, learn_every=lc.learn_every, slots=slots,
             shared_weights=shared_weights, clip=lc.clip or None, transform=transform_of(cfg),
-            readout=readout_of(cfg), window=cfg.metrics.window)
+            readout=readout_of(cfg), window=cfg.metrics.window, combine=combine_of(cfg))
     except (TypeError, ValueError) as e:
         if isinstance(e, ConfigError) or type(e).__name__ == "CompileError":
             raise

@@ -52,6 +52,7 @@ class InputTransformConfig:      # [signal]: the input transforms between the us
     normalise_warmup: int = 100
     normalise_rate: float = 0.0  # after warm-up: 0 = frozen statistics, else an exponential rate
     residual: bool = False       # forecast: predict the change from the last value
+    feedback: int = 0            # supervised: the targets of the last N steps are inputs too (0: off)
 
 
 @dataclass
@@ -76,6 +77,31 @@ class LearningConfig:
     learn_every: int = 1
     channels: list = field(default_factory=list)   # forecast: the input channels to predict ([]: all)
     horizon: int = 1             # forecast: predict the next `horizon` values every step
+
+
+@dataclass
+class CombineConfig:             # what the user gets: the model's forecast mixed with simple experts
+    experts: bool = False        # on in the default learner; an online mixture of the model with
+                                 # persistence, a running mean (and a seasonal naive forecast) by
+                                 # their recent losses, per stream and channel (learner/experts.py)
+    period: int = 0              # the seasonal naive expert's period in samples (0: none)
+    max_period: int = 0          # or detect it: the best lag in 2..max_period so far (0: off)
+    eta: float = 8.0             # how fast the weights follow the losses (per std-unit squared error)
+    window: int = 500            # the losses' memory (forgetting 1 - 1/window) and the mean's window
+
+
+# The default learner: what `serve`, `demo`, `replay --serve`, the bridges and `evaluate` run when
+# the config names no model (neither model.stack nor model.factory). Any of these keys the config
+# does set wins. A fixed 200-unit float64 reservoir, causal standardisation, forecasts of the change
+# from the last value (forecast mode), an exact RLS readout choosing between two ridges, mixed with
+# persistence and a running mean (measured: README, "Learning quality").
+DEFAULT_LEARNER = {
+    "model": {"stack": "reservoir", "n_hidden": 200, "precision": 64},
+    "signal": {"normalise": True, "normalise_rate": 0.003, "residual": "forecast"},  # residual: forecasts only
+    "readout": {"kind": "rls"},
+    "learning": {"optimizer": "frozen"},
+    "combine": {"experts": True},
+}
 
 
 @dataclass
@@ -145,6 +171,7 @@ class EngineConfig:
     signal: InputTransformConfig = field(default_factory=InputTransformConfig)
     readout: ReadoutConfig = field(default_factory=ReadoutConfig)
     learning: LearningConfig = field(default_factory=LearningConfig)
+    combine: CombineConfig = field(default_factory=CombineConfig)
     engine: EngineSection = field(default_factory=EngineSection)
     sockets: SocketsConfig = field(default_factory=SocketsConfig)
     publish: PublishConfig = field(default_factory=PublishConfig)
@@ -287,6 +314,10 @@ class EngineConfig:
         _int_range("signal.normalise_warmup", sg.normalise_warmup, 1, 2**31 - 1)
         if not 0 <= sg.normalise_rate < 1:
             raise ConfigError("signal.normalise_rate", f"must be in [0, 1); got {sg.normalise_rate}")
+        _int_range("signal.feedback", sg.feedback, 0, 10_000, " (targets fed back; 0: off)")
+        if sg.feedback and l.mode != "supervised":
+            raise ConfigError("signal.feedback", "feeds supervised targets back as inputs: needs learning.mode = "
+                              "'supervised' (a forecast's input already is its last target)")
         if sg.residual and l.mode != "forecast":
             raise ConfigError("signal.residual", "predicts the change of a forecast: needs learning.mode = 'forecast'")
         if ro.kind not in ("", "rls"):
@@ -310,6 +341,17 @@ class EngineConfig:
         if l.horizon > 1 and l.mode != "forecast":
             raise ConfigError("learning.horizon", "needs learning.mode = 'forecast'")
         _int_range("metrics.window", self.metrics.window, 1, 2**31 - 1)
+        c = self.combine
+        if c.period == 1 or not 0 <= c.period <= 10_000_000:
+            raise ConfigError("combine.period", f"must be a period of >= 2 samples (or 0: none); got {c.period}")
+        if c.max_period == 1 or not 0 <= c.max_period <= 100_000:
+            raise ConfigError("combine.max_period", f"must be in 2..100000 samples (or 0: no detection); "
+                              f"got {c.max_period}")
+        if c.period and c.max_period:
+            raise ConfigError("combine.max_period", "give combine.period (known) or combine.max_period "
+                              "(detect it), not both")
+        _positive("combine.eta", c.eta)
+        _int_range("combine.window", c.window, 1, 2**31 - 1)
 
     def exposed_remotely(self) -> list[str]:
         """Socket addresses that listen beyond loopback."""
@@ -429,11 +471,24 @@ def fill_section(obj, data: dict, where: str):
 
 def load_config(path: str | Path | None = None, overrides: dict | None = None) -> EngineConfig:
     cfg = EngineConfig()
-    if path:
-        _fill(cfg, read_toml(path), "")
-    if overrides:
-        _fill(cfg, overrides, "")
+    given = set()
+    for data in ((read_toml(path) if path else None), overrides):
+        if data:
+            _fill(cfg, data, "")
+            given |= {f"{sec}.{k}" for sec, v in data.items() if isinstance(v, dict) for k in v}
+    if not {"model.stack", "model.factory"} & given:
+        _default_learner(cfg, given)
     return cfg.validate()
+
+
+def _default_learner(cfg: EngineConfig, given: set):
+    """Fill ``DEFAULT_LEARNER`` into the keys the config left out."""
+    for section, values in DEFAULT_LEARNER.items():
+        for key, value in values.items():
+            if f"{section}.{key}" not in given:
+                if value == "forecast":
+                    value = cfg.learning.mode == "forecast"
+                setattr(getattr(cfg, section), key, value)
 
 
 def build_model(cfg: ModelConfig, reservoir: ReservoirConfig | None = None):

@@ -11,6 +11,8 @@ from .checkpoint import (
            write_checkpoint,
 )
 from .core import OnlineLearner, StepResult
+from .experts import experts
+from .feedback import feedback
 from .groups import param_groups
 from .losses import LOSSES
 from .modes import Forecast
@@ -22,4 +24,4 @@ from .transforms import chain
 
 __all__ = ["OnlineLearner", "StepResult", "Layout", "LOSSES", "CheckpointError", "CheckpointDir",
            "read_checkpoint", "write_checkpoint", "Forecast", "normalise", "residual", "chain", "rls",
-           "param_groups", "adam"]
+           "param_groups", "adam", "experts", "feedback"]

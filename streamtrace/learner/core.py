@@ -33,7 +33,8 @@ PAIR = 2     # per-slot models step this many slots at a time (see OnlineLearner
 @dataclass(frozen=True)
 class StepResult:
     prediction: np.ndarray   # (slots, *out) or (*out) without slots
-    loss: np.ndarray         # per slot; NaN where the slot did not learn this step
+    loss: np.ndarray         # per slot, of the prediction the user got, in user units (the model's own
+                             # loss without transforms or combiner); NaN where the slot did not learn
     applied: bool | np.ndarray  # an optimizer update was applied (per slot with per-slot weights)
 
 
@@ -79,7 +80,9 @@ class OnlineLearner:
     learner/adam.py), ``param_groups(...)`` (settings per named group), or
     "frozen" (the model's weights never move: a fixed reservoir under the readout).
     ``stats()["metrics"]``: rolling prequential MSE / MAE / NRMSE per slot (time constant
-    ``window`` steps).
+    ``window`` steps). combine=experts(): what the user gets is an online mixture of the
+    model's prediction with persistence, a running mean and a seasonal naive forecast, weighted
+    by their recent losses (learner/experts.py; forecast and supervised modes).
 
     The state crosses the compiled call as a few buffers: small leaves packed per dtype, leaves
     of at least ``standalone`` elements (weights, moments, traces) as buffers of their own.
@@ -96,7 +99,7 @@ class OnlineLearner:
                  mode="supervised", learn_every: int = 1, slots: int | None = None,
                  shared_weights: bool = True, reduce: str = "mean", clip: float | None = None,
                  batch_size: int | None = None, donate: bool | None = None, standalone: int | None = 2048,
-                 transform=None, readout=None, window: int = 1000):
+                 transform=None, readout=None, window: int = 1000, combine=None):
         example_x = np.asarray(example_x)
         if slots is not None and slots < 1:
             raise ValueError(f"slots must be >= 1; got {slots}")
@@ -106,8 +109,8 @@ class OnlineLearner:
         mode = "forecast" if spec is not None else mode
         brainstate.nn.init_all_states(model, batch_size)
         self.model = model
-        self.algo = make_algorithm(algorithm, model, jnp.asarray(example_x), decay=decay, rank=rank,
-                                   signal=signal)
+        self.algo = make_algorithm(algorithm, model, jnp.asarray(self._model_input(example_x, transform, readout)),
+                                   decay=decay, rank=rank, signal=signal)
         out = self.algo.graph.out_struct
         if not hasattr(out, "shape"):
             raise ValueError("the model must return one array (the prediction)")
@@ -124,7 +127,7 @@ class OnlineLearner:
         self.cfg = StepConfig(mode, learn_every, reduce, channels, spec.horizon if spec else 1, window)
         self.fns = StepFunctions(self.algo, get_loss(loss), None if groups else optimizer, self.cfg,
                                  transform=transform, readout=readout, groups=groups, y_shape=self.out_shape,
-                                 clip=clip)
+                                 clip=clip, combine=combine)
         self.horizon = self.cfg.horizon
         self.slots, self.n = slots, slots or 1
         self.per_slot = slots is not None and not shared_weights
@@ -142,6 +145,7 @@ class OnlineLearner:
                                  "horizon": self.horizon, "window": window,
                                  "transform": None if transform is None else transform.describe(),
                                  "readout": None if readout is None else readout.describe(),
+                                 **({} if combine is None else {"combine": combine.describe()}),
                                  "groups": None if groups is None else groups.describe(),
                                  "frozen": frozen, "model": describe_model(model),
                                  "optimizer": {} if self.fns.opt is None else describe_optimizer(self.fns.opt)}
@@ -162,6 +166,14 @@ class OnlineLearner:
         self._state_dict_signature = None
         self._ones = np.ones(self.n, bool)
         self._no_target = np.zeros((self.n,) + self.out_shape if slots else self.out_shape, self.y_dtype)
+
+    @staticmethod
+    def _model_input(example_x, transform, readout):
+        """An example of the model's input: x, widened by transforms that add inputs (feedback)."""
+        if transform is None or example_x.ndim != 1:
+            return example_x
+        n = transform.widen(example_x.shape[0], getattr(readout, "n_out", None))
+        return example_x if n == example_x.shape[0] else np.zeros(n, example_x.dtype)
 
     def _channels(self, spec):
         if spec is None or spec.channels is None:
@@ -609,7 +621,7 @@ class OnlineLearner:
         ``reset_slot`` and for ``read_slot`` / ``write_slot`` (the engine's parking)."""
         if self.per_slot:
             return state
-        part = {k: state[k] for k in ("hidden", "traces", "pending", "signal", "readout") if k in state}
+        part = {k: state[k] for k in ("hidden", "traces", "pending", "signal", "readout", "combine") if k in state}
         part["stats"] = {k: state["stats"][k] for k in ("preq_sum", "preq_n", "roll")}
         return part
 

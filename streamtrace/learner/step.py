@@ -164,7 +164,7 @@ class StepFunctions:
     """
 
     def __init__(self, algo, loss_fn, optimizer, cfg: StepConfig, *, transform=None, readout=None,
-                 groups=None, y_shape=None, clip=None):
+                 groups=None, y_shape=None, clip=None, combine=None):
         if cfg.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}; got {cfg.mode!r}")
         if cfg.learn_every < 1:
@@ -176,6 +176,7 @@ class StepFunctions:
         channels = cfg.channels if cfg.mode != "forecast" or cfg.channels else slice(None)
         self.transform = (transform or Identity()).bind(channels)
         self.readout = readout
+        self.combine = combine      # e.g. experts(): the prediction a user gets (see experts.py)
         self.learn_model = not (isinstance(optimizer, str) and optimizer == "frozen")
         self.store = ParamStore(algo.graph.init_params(), groups, separate=not self.learn_model)
         opt = self.store.optimizer(optimizer) if self.learn_model else None
@@ -221,12 +222,15 @@ class StepFunctions:
             state["pending"] = {"x": jnp.zeros((n_slots,) + tuple(x_shape), x_dtype),
                                 "valid": jnp.zeros(n_slots, jnp.int32),
                                 "pred": jnp.zeros((n_slots,) + y_shape, y_dtype or x_dtype)}
+        if self.combine is not None:
+            state["combine"] = self.combine.init(n_slots, n_out, y_dtype or x_dtype)
         sig = self.transform.init(n_slots, tuple(x_shape), y_shape)
         if sig:
             state["signal"] = sig
         if self.readout is not None:
             feat = self.algo.graph.out_struct
-            n_in = math.prod(x_shape)
+            z = jax.eval_shape(self.transform.encode, sig, jax.ShapeDtypeStruct((n_slots,) + tuple(x_shape), x_dtype))
+            n_in = math.prod(z.shape[1:])       # the encoded input (feedback widens it)
             n_feat = math.prod(feat.shape)
             state["readout"] = self.readout.init(n_slots, n_feat, n_in, n_out, feat.dtype)
             if self._carry_features:
@@ -370,11 +374,15 @@ class StepFunctions:
         observe = learning & ok     # the transform learns its statistics from every good sample
         learning = observe & settled
         out = T.decode(sig, x, pred)
+        if self.combine is not None:
+            cs, out = self.combine.supervised(state["combine"], out, target, observe)
+            state = {**state, "combine": cs}
         # traces: guarded inside the step (see _model)
         state = {**state, "hidden": _slot_where(ok, h, state["hidden"]), "traces": tr}
         state = self._learn_readout(state, r, t_model, learning)
         state, applied = self._apply(state, grads, jnp.any(learning))
         state = self._observe(state, x, target, observe)
+        losses = self._reported(losses, out, target)
         state = self._finish(state, active & ~ok, learning, losses, out, target, observe)
         return state, out, jnp.where(learning, losses, jnp.nan), applied
 
@@ -405,6 +413,8 @@ class StepFunctions:
         keep = x_ok & jnp.isfinite(_slot_sum(h))
         pred_m, r = self._head(state, out, z)
         preds = self._rollout(state, h, x, T.decode(sig, x, pred_m))
+        state, preds = self._combined(state, y_now, has_prev, x_ok, preds, keep)
+        losses = self._reported(losses, pend["pred"], y_now)
         state = self._finish(state, active & ~keep, learning, losses, pend["pred"], y_now, has_prev)
         state = {**state, "hidden": _slot_where(keep, h, state["hidden"]),
                  "pending": {"x": jnp.where(_lead(keep, x), x, pend["x"]),
@@ -445,6 +455,8 @@ class StepFunctions:
         keep = x_ok & (advance | ~has_prev)
         state = self._observe(state, x, None, keep)
         preds = self._rollout(state, h_cur, x)
+        state, preds = self._combined(state, y_now, advance, keep, preds, keep)
+        losses = self._reported(losses, pend["pred"], y_now)
         state = self._finish(state, active & ~keep, learning, losses, pend["pred"], y_now, advance)
         # traces: guarded inside the step (where there was nothing to replay they are the old)
         state = {**state, "hidden": _slot_where(keep, h_cur, state["hidden"]), "traces": tr1,
@@ -453,6 +465,21 @@ class StepFunctions:
                              "pred": jnp.where(_lead(keep, preds[0]), preds[0], pend["pred"])}}
         pred = preds[0] if self.cfg.horizon == 1 else jnp.stack(preds, axis=1)
         return state, pred, jnp.where(learning, losses, jnp.nan), applied
+
+    def _reported(self, losses, pred, target):
+        """The per-slot loss a step reports (replies, stats): of the prediction the user got, in
+        the user's units. Without transforms or a combiner that is the model's own loss."""
+        if isinstance(self.transform, Identity) and self.combine is None:
+            return losses
+        return jax.vmap(self.loss_fn)(pred, target.astype(pred.dtype)).astype(losses.dtype)
+
+    def _combined(self, state, y_now, scored, seen, preds, keep):
+        """Forecast: the combiner scores the pending forecast on y_now and mixes the next one
+        (the first of ``preds``; a longer horizon's rollout stays the model's)."""
+        if self.combine is None:
+            return state, preds
+        cs, first = self.combine.forecast(state["combine"], y_now, scored, seen, preds[0], keep)
+        return {**state, "combine": cs}, [first] + list(preds[1:])
 
     def _rollout(self, state, h, x, first=None):
         """Predictions of the next ``horizon`` values from hidden state h and input x (user

@@ -13,6 +13,7 @@ A transform is a small pure object (optax style) working on per-slot arrays (lea
     observe(state, x, y, ok) -> state               learn the statistics from a new sample
     ready(state) -> (N,) bool                       whether a slot's transform is settled
                                                      (the learner learns only from settled slots)
+    widen(n_in, n_out) -> int                       the model's input size (feedback adds inputs)
 
 ``chain(a, b)`` runs a then b: b sees a's encoding of x, and decodes before a does. Order the
 normaliser first so the residual is taken in normalised units.
@@ -50,6 +51,10 @@ class Transform:
 
     def ready(self, state):
         return True
+
+    def widen(self, n_in: int, n_out: int | None) -> int:
+        """The model's input size for 1-D inputs of ``n_in`` values (targets: ``n_out``)."""
+        return n_in
 
     def describe(self) -> dict:
         """Settings recorded in checkpoints (plain numbers and strings)."""
@@ -109,6 +114,11 @@ class _Chain(Transform):
         for p in self.parts:
             out = out & p.ready(state[p.name])
         return out
+
+    def widen(self, n_in, n_out):
+        for p in self.parts:
+            n_in = p.widen(n_in, n_out)
+        return n_in
 
     def describe(self):
         return {"kind": "chain", "parts": [p.describe() for p in self.parts]}

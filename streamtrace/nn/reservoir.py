@@ -25,6 +25,8 @@ class Reservoir(brainstate.nn.Module):
     spectral_radius: of W (sparse normal, ``density`` of non-zeros), scaled after drawing;
     input_scaling / bias_scaling: W_in and b drawn uniform in +-scaling; seed: numpy seed.
     """
+    kind = "reservoir"     # as a Stack names its kind (config: model.stack)
+
 
     def __init__(self, n_in: int, n_units: int, *, leak: float = 1.0, spectral_radius: float = 0.9,
                  input_scaling: float = 0.3, bias_scaling: float = 0.5, density: float = 0.1, seed: int = 0):

@@ -1,0 +1,198 @@
+"""Never worse than persistence: an online mixture of the model's forecast with simple experts.
+
+Per slot and per predicted channel, the prediction a user gets is a weighted average of K
+experts' predictions of the next target y_t:
+
+    model         what the learner predicts (user units, after the signal transforms)
+    persistence   the last target, y_{t-1}
+    mean          a running mean of the targets (1/n while n < window, then an exponential
+                  average with rate 1/window)
+    seasonal      y_{t-period}, when ``period`` is set (a ring buffer of ``period`` targets);
+                  with ``max_period`` instead, the period is detected: every lag p in
+                  2..max_period keeps the mean squared error its forecast y_{t-p} would have
+                  had (1/k, then an exponential average over ``window``), and the seasonal
+                  expert uses the lag with the lowest one so far (per channel; past data only)
+
+weighted by their recent prequential losses with the exponentially weighted average
+forecaster (EWA, Vovk; Littlestone & Warmuth's weighted majority for real predictions):
+
+    l_{k,t} = min((p_{k,t} - y_t)^2 / s_t^2, clip)       s_t^2: the targets' running variance
+                                                            before y_t (loss in std units)
+    L_{k,t} = beta L_{k,t-1} + l_{k,t}                    beta = 1 - 1/window (forgetting)
+    w_{k,t+1} = exp(-eta L_{k,t}) / sum_j exp(-eta L_{j,t})
+    prediction_{t+1} = sum_k w_{k,t+1} p_{k,t+1}
+
+Every weight uses past targets only, so the mixture is a causal forecaster itself. An expert
+that cannot predict yet (no target seen; fewer than ``period`` for the seasonal one) has no
+weight and is charged the worst loss of those that could; until the variance is known
+(two targets) no loss is charged at all.
+
+Regret bound (Cesa-Bianchi & Lugosi, "Prediction, Learning, and Games", 2006, thm. 2.2): for
+losses in [0, B] (here B = clip) and no forgetting (beta = 1), over any T steps and for any
+sequence of targets,
+
+    sum_t sum_k w_{k,t} l_{k,t}  <=  min_k sum_t l_{k,t}  +  ln(K) / eta  +  eta T B^2 / 8,
+
+and since the squared error is convex, the mixture's own (unclipped, normalised) squared
+error is at most the weighted loss on the left wherever no loss was clipped. So over a
+stream the mixture is at most ln(K)/eta + eta T B^2/8 worse than the best of the model,
+persistence, the mean and the seasonal naive forecast *chosen in hindsight*. (For a fixed
+eta that is linear in T; eta = sqrt(8 ln K / T) / B makes it sqrt(T ln(K) / 2) B. We use a
+larger eta and forgetting instead: the best expert changes over a stream, the model becoming
+good after its warm-up, and with beta < 1 the weights follow the best expert over the last
+~window steps; the guarantee above is for beta = 1 only.)
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+__all__ = ["Experts", "experts", "EXPERTS"]
+
+EXPERTS = ("model", "persistence", "mean", "seasonal")
+
+
+class Experts:
+    """The combiner (see the module docstring). ``forecast`` and ``supervised`` are the two ways
+    the learner's step calls it; state per slot: ``L`` (N, K, C) discounted losses, ``n``
+    targets seen, ``last``, ``mean``, ``var`` (N, C), ``model`` (N, C) the model's pending
+    forecast, ``ring`` (N, period, C) with a period, ``lag_err`` (N, max_period - 1, C) when
+    detecting it."""
+
+    name = "experts"
+
+    def __init__(self, period: int | None = None, *, eta: float = 8.0, window: int = 500, clip: float = 4.0,
+                 max_period: int | None = None):
+        for key, v in (("period", period), ("max_period", max_period)):
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 2):
+                raise ValueError(f"experts: {key} must be an integer >= 2 (or None); got {v!r}")
+        if period and max_period:
+            raise ValueError("experts: give period (known) or max_period (detect it), not both")
+        if not (isinstance(eta, (int, float)) and eta > 0 and eta < float("inf")):
+            raise ValueError(f"experts: eta (learning rate of the weights) must be a finite number > 0; got {eta!r}")
+        if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+            raise ValueError(f"experts: window must be an integer >= 1 (steps); got {window!r}")
+        if not (isinstance(clip, (int, float)) and clip > 0 and clip < float("inf")):
+            raise ValueError(f"experts: clip (the loss bound B) must be a finite number > 0; got {clip!r}")
+        self.detect = bool(max_period)
+        self.period = period or max_period        # the ring's length
+        self.eta, self.window, self.clip = float(eta), window, float(clip)
+        self.names = EXPERTS if self.period else EXPERTS[:3]
+
+    def describe(self) -> dict:
+        return {"kind": self.name, "experts": list(self.names), "period": None if self.detect else self.period,
+                "max_period": self.period if self.detect else None, "eta": self.eta, "window": self.window,
+                "clip": self.clip}
+
+    def init(self, n: int, n_out: int, dtype) -> dict:
+        z = jnp.zeros((n, n_out), dtype)
+        state = {"L": jnp.zeros((n, len(self.names), n_out), dtype), "n": jnp.zeros(n, jnp.int32),
+                 "last": z, "mean": z, "var": z, "model": z}
+        if self.period:
+            state["ring"] = jnp.zeros((n, self.period, n_out), dtype)
+        if self.detect:     # each candidate lag's mean squared error as a forecast (2..max_period)
+            state["lag_err"] = jnp.zeros((n, self.period - 1, n_out), dtype)
+        return state
+
+    def _lagged(self, s):
+        """(N, P-1, C) the targets 2..P steps before the next one, (N, P-1, 1) which exist."""
+        lags = jnp.arange(2, self.period + 1)
+        idx = (s["n"][:, None] - lags[None, :]) % self.period
+        vals = jnp.take_along_axis(s["ring"], idx[..., None], axis=1)
+        return vals, (s["n"][:, None] >= lags[None, :])[..., None]
+
+    def _seasonal(self, s):
+        """The seasonal naive forecast (N, C): y_{t-period}, or with a detected period the lag
+        in 2..max_period whose forecasts had the lowest mean squared error so far (per channel)."""
+        if not self.detect:
+            hot = jnp.arange(self.period)[None, :] == (s["n"] % self.period)[:, None]
+            return jnp.sum(jnp.where(hot[..., None], s["ring"], 0), axis=1)
+        vals, have = self._lagged(s)
+        err = jnp.where(have, s["lag_err"], jnp.inf)
+        best = jnp.argmin(err, axis=1)                                            # (N, C)
+        return jnp.take_along_axis(vals, best[:, None, :], axis=1)[:, 0]
+
+    # ---- the experts and their mixture ------------------------------------------------------
+    def _experts(self, s, model):
+        """(N, K, C) predictions of the next target and (N, K, 1) whether each can predict."""
+        n = s["n"][:, None, None]
+        preds = [model, s["last"], s["mean"]]
+        avail = [jnp.isfinite(jnp.sum(model, axis=-1))[:, None, None], n >= 1, n >= 1]
+        if self.period:
+            preds.append(self._seasonal(s))
+            avail.append(n >= (2 if self.detect else self.period))
+        avail = jnp.concatenate([jnp.broadcast_to(a, (model.shape[0], 1, 1)) for a in avail], axis=1)
+        return jnp.stack(preds, axis=1), avail
+
+    def mix(self, s, model):
+        """The combined prediction (N, C) of ``model`` (N, C) and the simple experts."""
+        preds, avail = self._experts(s, model)
+        logits = jnp.where(avail, -self.eta * s["L"], -jnp.inf)
+        w = jax.nn.softmax(logits, axis=1)
+        return jnp.sum(w * jnp.where(avail, preds, 0), axis=1).astype(model.dtype)
+
+    def _score(self, s, model, y, scored):
+        """Charge every expert its loss on target y (N, C) where ``scored`` (N,)."""
+        preds, avail = self._experts(s, model)
+        d = preds - y[:, None, :]
+        known = (s["n"] >= 2)[:, None, None]
+        scale = s["var"][:, None, :] + 1e-12 * (1.0 + s["mean"][:, None, :] ** 2)
+        loss = jnp.where(known, jnp.minimum(d * d / scale, self.clip), 0.0)
+        loss = jnp.where(avail & jnp.isfinite(loss), loss, 0.0)
+        worst = jnp.max(loss, axis=1, keepdims=True)
+        loss = jnp.where(avail, loss, worst)
+        L = (1.0 - 1.0 / self.window) * s["L"] + loss
+        return {**s, "L": jnp.where(scored[:, None, None], L, s["L"]).astype(s["L"].dtype)}
+
+    def _observe(self, s, y, ok):
+        """Learn the targets' statistics (and the seasonal ring) from target y where ``ok``."""
+        n1 = s["n"] + 1
+        w = jnp.maximum(1.0 / n1, 1.0 / self.window)[:, None].astype(y.dtype)
+        d = y - s["mean"]
+        mean = s["mean"] + w * d
+        var = (1.0 - w) * s["var"] + w * d * (y - mean)
+        keep = ok[:, None]
+        new = {**s, "n": jnp.where(ok, n1, s["n"]), "last": jnp.where(keep, y, s["last"]),
+               "mean": jnp.where(keep, mean, s["mean"]), "var": jnp.where(keep, var, s["var"])}
+        if self.detect:     # score every lag on y before y enters the ring
+            vals, have = self._lagged(s)
+            count = s["n"][:, None] - jnp.arange(2, self.period + 1)[None, :] + 1      # errors incl. this
+            a = jnp.maximum(1.0 / jnp.maximum(count, 1), 1.0 / self.window)[..., None].astype(y.dtype)
+            err = s["lag_err"] + a * ((y[:, None, :] - vals) ** 2 - s["lag_err"])
+            new["lag_err"] = jnp.where(have & ok[:, None, None], err, s["lag_err"])
+        if self.period:
+            hot = (jnp.arange(self.period)[None, :] == (s["n"] % self.period)[:, None]) & ok[:, None]
+            new["ring"] = jnp.where(hot[..., None], y[:, None, :], s["ring"])
+        return new
+
+    # ---- the two ways a step uses it ---------------------------------------------------------
+    def supervised(self, s, model, y, ok):
+        """Supervised step: the mixture's prediction of this step's target from ``model`` (N, *out),
+        then learn from the target y where ``ok`` (N,). Returns (state, prediction)."""
+        shape, m, t = model.shape, _flat(model), _flat(y)
+        out = self.mix(s, m)
+        t = jnp.where(ok[:, None], t, 0).astype(m.dtype)
+        s = self._observe(self._score(s, m, t, ok), t, ok)
+        return s, out.reshape(shape)
+
+    def forecast(self, s, y_now, scored, seen, model, keep):
+        """Forecast step: y_now (N, C) is the target of the pending forecast; charge the experts
+        where ``scored``, learn y_now where ``seen``, then mix the model's next forecast ``model``
+        (kept as pending where ``keep``). Returns (state, prediction)."""
+        shape, m = model.shape, _flat(model)
+        y = jnp.where(seen[:, None], _flat(y_now), 0).astype(m.dtype)
+        s = self._observe(self._score(s, s["model"], y, scored & seen), y, seen)
+        s = {**s, "model": jnp.where(keep[:, None] & jnp.isfinite(m), m, s["model"])}
+        return s, self.mix(s, m).reshape(shape)
+
+
+def _flat(a):
+    return a.reshape(a.shape[0], -1)
+
+
+def experts(period: int | None = None, *, eta: float = 8.0, window: int = 500, clip: float = 4.0,
+            max_period: int | None = None) -> Experts:
+    """Mix the model's forecast with persistence, a running mean and (with ``period``, or a
+    period detected in 2..``max_period``) the seasonal naive forecast, weighted by their recent
+    losses (see ``Experts``)."""
+    return Experts(period, eta=eta, window=window, clip=clip, max_period=max_period)

@@ -1,0 +1,60 @@
+"""The one default: ``streamtrace serve`` with a config that names no model serves the default
+learner (engine/config.py DEFAULT_LEARNER), the one ``evaluate`` scores. Through a real engine
+process and ``streamtrace replay --serve`` it forecasts Mackey-Glass, and its answers are
+scored here again from the predictions it wrote (an independent recomputation)."""
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from streamtrace.cli import main, write_config
+from streamtrace.engine import load_config
+from streamtrace.evaluate import default_config
+from streamtrace.tasks import get_task
+
+
+def test_a_config_that_names_no_model_is_the_default_learner():
+    cfg = load_config(None, {"sockets": {"router": "ipc:///tmp/x"}})
+    task = get_task("mackey-glass", 100)
+    want = default_config(task)
+    for section, values in want.items():
+        for key, value in values.items():
+            assert getattr(getattr(cfg, section), key) == value, f"{section}.{key}"
+    # a key the config sets wins; a named stack keeps its own defaults (no preset)
+    assert load_config(None, {"model": {"n_hidden": 50}}).model.n_hidden == 50
+    gru = load_config(None, {"model": {"stack": "gru"}})
+    assert (gru.model.n_hidden, gru.readout.kind, gru.learning.optimizer, gru.combine.experts) == (32, "", "adam", False)
+    sup = load_config(None, {"learning": {"mode": "supervised"}})
+    assert sup.signal.residual is False and sup.signal.normalise and sup.combine.experts
+
+
+@pytest.mark.slow
+def test_default_serve_forecasts_mackey_glass_through_replay(tmp_path, capsys):
+    series = get_task("mackey-glass", 6000, seed=0)
+    x = np.concatenate([series.inputs[:, 0], series.targets[-1:, 0]])          # 6,001 samples
+    csv = tmp_path / "mg.csv"
+    np.savetxt(csv, x[:, None], delimiter=",", header="x", comments="", fmt="%.17g")
+    sock = Path(tempfile.mkdtemp(prefix="st-", dir="/tmp"))
+    try:
+        cfg = write_config(tmp_path / "serve.toml", {"sockets": {"router": f"ipc://{sock}/r", "pull": "",
+                                                                 "pub": ""}})
+        out = tmp_path / "pred.csv"
+        rc = main(["replay", str(csv), "--serve", str(cfg), "--window", "1000", "--out", str(out)])
+    finally:
+        shutil.rmtree(sock, ignore_errors=True)
+    stdout = capsys.readouterr().out
+    assert rc == 0, stdout
+    summary = json.loads(stdout.strip().splitlines()[-1])
+    assert summary["nrmse"] <= 3e-4, summary
+    # recomputed from the written predictions: row r's prediction is of row r + 1
+    got = np.loadtxt(out, delimiter=",", skiprows=1)
+    rows, pred = got[:, 0].astype(int), got[:, 1]
+    keep = rows + 1 < len(x)
+    target = x[rows[keep] + 1]
+    p = pred[keep][-1000:]
+    y = target[-1000:]
+    mine = np.sqrt(np.mean((p - y) ** 2)) / np.std(y)
+    assert mine <= 3e-4 and abs(mine - summary["nrmse"]) <= 1e-6 + 1e-3 * mine, (mine, summary["nrmse"])

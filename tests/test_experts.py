@@ -1,0 +1,222 @@
+"""The experts combiner (learner/experts.py) against an independent numpy implementation of the
+exponentially weighted average forecaster: its weights, its predictions, slots that never see
+each other, and a checkpoint round trip that continues bit for bit.
+
+The combiner does not change what the model learns (the model learns from its own loss), so a
+learner without it gives the model's predictions, from which numpy computes the mixture."""
+import numpy as np
+import pytest
+
+from streamtrace.engine import load_config
+from streamtrace.engine.build import build_learner
+from streamtrace.learner import OnlineLearner, experts
+from streamtrace.nn import Stack
+
+ETA, WINDOW, CLIP = 3.0, 40, 4.0
+
+
+def np_mixture(model, targets, *, forecast, period=None, eta=ETA, window=WINDOW, clip=CLIP, max_period=None):
+    """model (T, C): the model's prediction at each step; targets (T, C): forecast: the input
+    at each step (the target of the previous prediction); supervised: each step's target.
+    max_period: detect the period (the lag in 2..max_period with the lowest mean squared error).
+    Returns the mixture's predictions (T, C) and the discounted losses (K, C) at the end."""
+    T, C = model.shape
+    K = 4 if period or max_period else 3
+    L, hist, mean, var = np.zeros((K, C)), [], np.zeros(C), np.zeros(C)
+    lag_err = np.zeros(((max_period or 1) + 1, C))      # lag_err[p]: lag p's mean squared error
+
+    def seasonal():
+        n = len(hist)
+        if period:
+            return hist[-period] if n >= period else np.full(C, np.nan)
+        if n < 2:
+            return np.full(C, np.nan)
+        lags = list(range(2, min(n, max_period) + 1))
+        best = [lags[int(np.argmin([lag_err[p, c] for p in lags]))] for c in range(C)]
+        return np.array([hist[-p][c] for c, p in enumerate(best)])
+
+    def preds(m):
+        n = len(hist)
+        e = [m, hist[-1] if n else np.full(C, np.nan), mean.copy() if n else np.full(C, np.nan)]
+        if period or max_period:
+            e.append(seasonal())
+        return np.array(e)
+
+    def score(m, y):
+        e = preds(m)
+        avail = ~np.isnan(e[:, 0])
+        if len(hist) >= 2:
+            loss = np.minimum((e - y) ** 2 / (var + 1e-12 * (1 + mean ** 2)), clip)
+        else:
+            loss = np.zeros((K, C))
+        loss[~avail] = loss[avail].max(axis=0)
+        L[:] = (1 - 1 / window) * L + loss
+
+    def observe(y):
+        nonlocal mean, var
+        for p in range(2, (max_period or 0) + 1):
+            if len(hist) >= p:
+                a = max(1 / (len(hist) - p + 1), 1 / window)
+                lag_err[p] += a * ((y - hist[-p]) ** 2 - lag_err[p])
+        hist.append(np.array(y, float))
+        w = max(1 / len(hist), 1 / window)
+        d = y - mean
+        mean = mean + w * d
+        var = (1 - w) * var + w * d * (y - mean)
+
+    def mix(m):
+        e = preds(m)
+        avail = ~np.isnan(e[:, 0])
+        logit = np.where(avail[:, None], -eta * L, -np.inf)
+        w = np.exp(logit - logit.max(axis=0))
+        w /= w.sum(axis=0)
+        return np.sum(w * np.nan_to_num(e), axis=0)
+
+    out = np.zeros((T, C))
+    for t in range(T):
+        if forecast:
+            if t:
+                score(model[t - 1], targets[t])
+            observe(targets[t])
+            out[t] = mix(model[t])
+        else:
+            out[t] = mix(model[t])
+            score(model[t], targets[t])
+            observe(targets[t])
+    return out, L
+
+
+def _series(steps, seed=0, channels=2):
+    rng = np.random.default_rng(seed)
+    t = np.arange(steps)[:, None]
+    return np.sin(0.3 * t + np.arange(channels)) + 0.3 * rng.standard_normal((steps, channels)) + \
+        np.cumsum(0.05 * rng.standard_normal((steps, channels)), axis=0)
+
+
+def _forecaster(combine, slots=None):
+    """The default learner (a small one) for two channels; combine: None (off) or experts(...)."""
+    d = combine and combine.describe()
+    on = {"experts": False} if combine is None else \
+        {"experts": True, "period": d["period"] or 0, "max_period": d["max_period"] or 0, "eta": combine.eta,
+         "window": combine.window}
+    cfg = load_config(None, {"model": {"n_in": 2, "n_out": 2, "n_hidden": 12, "seed": 3},
+                             "signal": {"normalise_warmup": 20}, "combine": on})
+    assert cfg.model.stack == "reservoir" and cfg.model.precision == 64    # the default learner
+    return build_learner(cfg, slots=slots)
+
+
+@pytest.mark.parametrize("period,max_period", [(None, None), (7, None), (None, 24)])
+def test_forecast_mixture_and_weights_equal_numpy(period, max_period):
+    xs = _series(160)
+    plain = _forecaster(None)
+    model = np.array([plain.step(x).prediction for x in xs])
+    mixed = _forecaster(experts(period, eta=ETA, window=WINDOW, max_period=max_period))
+    got = np.array([mixed.step(x).prediction for x in xs])
+    want, L = np_mixture(model, xs, forecast=True, period=period, max_period=max_period)
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(mixed.state_dict()["combine.L"][0], L, rtol=1e-9, atol=1e-12)
+    # the mixture is not just the model: persistence and the mean took weight early on
+    assert np.abs(got - model).max() > 1e-3
+    # the weights it reports are the softmax of -eta L
+    w = np.exp(-ETA * (L - L.min(0)))
+    assert np.all(w / w.sum(0) <= 1) and mixed.state_dict()["combine.n"][0] == len(xs)
+
+
+def test_a_period_is_detected():
+    """A noisy cycle of 12 samples: the seasonal expert settles on lag 12 (numpy: the lag whose
+    forecasts had the lowest mean squared error) and the mixture beats persistence."""
+    rng = np.random.default_rng(4)
+    t = np.arange(300)
+    y = (np.where(t % 12 < 3, 1.0, 0.0) + 0.05 * rng.standard_normal(300))[:, None]
+    model = np.zeros((300, 1))                                  # a model that knows nothing
+    want, _ = np_mixture(model, y, forecast=True, max_period=20)
+    e = experts(eta=ETA, window=WINDOW, max_period=20)
+    s = e.init(1, 1, np.float32)
+    got = []
+    for i in range(300):
+        s, out = e.forecast(s, y[i][None].astype(np.float32), np.array([i > 0]), np.array([True]),
+                            np.zeros((1, 1), np.float32), np.array([True]))
+        got.append(np.asarray(out)[0])
+    np.testing.assert_allclose(np.array(got), want, rtol=2e-4, atol=2e-4)
+    assert int(np.argmin(np.asarray(s["lag_err"])[0, :, 0])) + 2 == 12
+    late = slice(200, 299)
+    assert np.mean((want[late] - y[1:][late]) ** 2) < 0.2 * np.mean((y[:-1][late] - y[1:][late]) ** 2)
+
+
+def test_supervised_mixture_equals_numpy():
+    rng = np.random.default_rng(1)
+    xs = rng.standard_normal((120, 3)).astype(np.float32)
+    ys = np.stack([np.convolve(xs[:, 0], [0.5, 0.3, 0.2])[:120], np.sin(np.arange(120) * 0.2)], 1).astype(np.float32)
+    make = lambda c: OnlineLearner(Stack("gru", 3, 6, 2, seed=0), np.zeros(3, np.float32), lr=1e-2, combine=c)
+    plain, mixed = make(None), make(experts(eta=ETA, window=WINDOW))
+    model = np.array([plain.step(x, y).prediction for x, y in zip(xs, ys)], np.float64)
+    got = np.array([mixed.step(x, y).prediction for x, y in zip(xs, ys)], np.float64)
+    want, _ = np_mixture(model, ys.astype(np.float64), forecast=False)
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+
+
+def test_slots_are_independent():
+    """Three streams in one learner, stepped at different times: each one's predictions are those
+    of a learner that only ever saw that stream."""
+    steps = 60
+    data = [_series(steps, seed=s) for s in range(3)]
+    many = _forecaster(experts(3, eta=ETA, window=WINDOW), slots=3)
+    active = np.ones((steps, 3), bool)
+    active[10:25, 1] = False                    # stream 1 pauses
+    active[::3, 2] = False                      # stream 2 sends every other tick
+    got = [[] for _ in range(3)]
+    for t in range(steps):
+        r = many.step(np.stack([d[t] for d in data]), active=active[t])
+        for s in range(3):
+            if active[t, s]:
+                got[s].append(r.prediction[s])
+    for s in range(3):
+        one = _forecaster(experts(3, eta=ETA, window=WINDOW))
+        alone = [one.step(x).prediction for x in data[s][active[:, s]]]
+        np.testing.assert_allclose(np.array(got[s]), np.array(alone), rtol=1e-9, atol=1e-12)
+
+
+def test_checkpoint_round_trip_continues_bit_for_bit(tmp_path):
+    xs = _series(120)
+    a = _forecaster(experts(5, eta=ETA, window=WINDOW))
+    for x in xs[:70]:
+        a.step(x)
+    a.save(tmp_path / "c.ckpt")
+    b = _forecaster(experts(5, eta=ETA, window=WINDOW))
+    b.restore(tmp_path / "c.ckpt")
+    for name, v in a.state_dict().items():
+        np.testing.assert_array_equal(b.state_dict()[name], v, err_msg=name)
+    pa = np.array([a.step(x).prediction for x in xs[70:]])
+    pb = np.array([b.step(x).prediction for x in xs[70:]])
+    np.testing.assert_array_equal(pa, pb)
+    # a learner with other combiner settings refuses the checkpoint
+    c = _forecaster(experts(6, eta=ETA, window=WINDOW))
+    with pytest.raises(Exception, match="(?i)period|combine|signature|match"):
+        c.restore(tmp_path / "c.ckpt")
+
+
+@pytest.mark.parametrize("kw,match", [
+    ({"period": 1}, "period"), ({"period": 2.5}, "period"), ({"eta": 0}, "eta"),
+    ({"window": 0}, "window"), ({"clip": float("inf")}, "clip"), ({"max_period": 1}, "max_period"),
+    ({"period": 5, "max_period": 9}, "not both")])
+def test_bad_settings_are_named(kw, match):
+    with pytest.raises(ValueError, match=match):
+        experts(**kw)
+
+
+@pytest.mark.parametrize("combine", [None, experts(eta=ETA, window=WINDOW)])
+def test_reported_loss_is_the_users_error_in_user_units(combine):
+    """With transforms (standardised, residual) and a combiner, a step's loss is the squared error
+    of the prediction the stream got, in the units it sent: what replies and stats report."""
+    xs = 50.0 + 20.0 * _series(150)                      # far from unit scale
+    L = _forecaster(combine)
+    preds, losses = [], []
+    for x in xs:
+        r = L.step(x)
+        preds.append(r.prediction)
+        losses.append(r.loss[0])
+    preds, losses = np.array(preds), np.array(losses)
+    scored = ~np.isnan(losses)
+    assert scored[-50:].all() and not scored[:20].any()     # after the normaliser's warm-up
+    want = np.mean((preds[:-1] - xs[1:]) ** 2, axis=1)
+    np.testing.assert_allclose(losses[1:][scored[1:]], want[scored[1:]], rtol=1e-9)
