@@ -1,6 +1,8 @@
-"""Command line: ``streamtrace serve | demo | bench | learn | evaluate | replay``.
+"""Command line: ``streamtrace serve | dashboard | demo | bench | learn | evaluate | replay``.
 
 serve   run the streaming engine (TOML config; every key has a default that just works)
+dashboard  a live read-only web page of a running engine (signal vs prediction per stream,
+        errors, latency), fed by its PUB socket; ``serve --dashboard HOST:PORT`` starts one too
 demo    start an engine and several synthetic sensor streams on loopback, show live progress,
         end with a summary table and a PNG plot
 bench   end-to-end latency: sensor -> engine -> prediction round trips, with a bare ZeroMQ +
@@ -74,11 +76,70 @@ def stop(proc: subprocess.Popen, timeout: float = 30.0):
 
 # ---- serve ------------------------------------------------------------------------------
 def cmd_serve(args) -> int:
+    from .dashboard.access import DashboardError
     from .engine import ConfigError, load_config, serve
+    board = None
     try:
-        return serve(load_config(args.config), announce=lambda s: print(s, flush=True))
+        cfg = load_config(args.config)
+        if args.dashboard:
+            board = start_dashboard(cfg, args.dashboard, args.dashboard_token, args.dashboard_allow_anonymous)
+        return serve(cfg, announce=lambda s: print(s, flush=True))
     except ConfigError as e:   # one line, no traceback: every bad value names its key
         print("config error: " + " ".join(str(e).split()), file=sys.stderr)
+        return 2
+    except DashboardError as e:
+        print(f"dashboard error: {e}", file=sys.stderr)
+        return 2
+    finally:
+        if board is not None:
+            stop(board, 5)
+
+
+def _listen(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    return host.strip("[]"), int(port)
+
+
+def start_dashboard(cfg, listen: tuple[str, int], token: str | None, allow_anonymous: bool) -> subprocess.Popen:
+    """``streamtrace dashboard`` in a child process (its own interpreter: the engine's loop never
+    shares a GIL with the web server), reading this engine's PUB socket; returns once it listens."""
+    from .dashboard.access import DashboardError, check_exposure, connect_address
+    if cfg.security.curve_secret_key_file:
+        raise DashboardError("--dashboard", "the engine's sockets use CURVE; the dashboard cannot subscribe yet")
+    if not cfg.sockets.pub:
+        raise DashboardError("--dashboard", "sockets.pub is off: the dashboard has nothing to read")
+    token = token or os.environ.get("STREAMTRACE_DASHBOARD_TOKEN")
+    check_exposure(listen[0], token, allow_anonymous, announce=lambda s: print(s, flush=True))
+    cmd = [sys.executable, "-m", "streamtrace", "dashboard", "--pub", connect_address(cfg.sockets.pub),
+           "--listen", f"{listen[0]}:{listen[1]}"] + (["--allow-anonymous"] if allow_anonymous else [])
+    env = {**os.environ, **({"STREAMTRACE_DASHBOARD_TOKEN": token} if token else {})}   # not on argv (ps)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    for line in proc.stdout:
+        print(line.rstrip(), flush=True)
+        if line.startswith("streamtrace dashboard:"):
+            return proc
+    raise RuntimeError(f"the dashboard exited with code {proc.wait()} before listening")
+
+
+def cmd_dashboard(args) -> int:
+    try:
+        from .dashboard.server import run
+    except ImportError as e:
+        print(f"the dashboard needs the optional extra: pip install 'streamtrace[dashboard]' ({e})", file=sys.stderr)
+        return 2
+    from .dashboard.access import DashboardError, connect_address
+    pub = args.pub
+    if pub is None:
+        from .engine import load_config
+        pub = connect_address(load_config(args.config).sockets.pub)
+    token = args.token or os.environ.get("STREAMTRACE_DASHBOARD_TOKEN")
+    try:
+        return run(pub, *args.listen, token=token, allow_anonymous=args.allow_anonymous, rate_hz=args.rate,
+                   points=args.points, announce=lambda s: print(s, flush=True))
+    except DashboardError as e:
+        print(f"dashboard error: {e}", file=sys.stderr)
         return 2
 
 
@@ -339,7 +400,24 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("serve", help="run the streaming engine")
     p.add_argument("--config", default=None, help="TOML config file (defaults for anything missing)")
+    p.add_argument("--dashboard", type=_listen, default=None, metavar="HOST:PORT",
+                   help="also serve the live dashboard here (127.0.0.1:8750 for loopback)")
+    p.add_argument("--dashboard-token", default=None, help="required beyond loopback "
+                   "(or STREAMTRACE_DASHBOARD_TOKEN)")
+    p.add_argument("--dashboard-allow-anonymous", action="store_true",
+                   help="beyond loopback without a token: anyone who reaches it reads every stream")
     p.set_defaults(func=cmd_serve)
+    p = sub.add_parser("dashboard", help="a live read-only web page of an engine (needs streamtrace[dashboard])")
+    p.add_argument("--pub", default=None, help="the engine's PUB endpoint (default: sockets.pub of --config)")
+    p.add_argument("--config", default=None, help="the engine's TOML config, for its PUB endpoint")
+    p.add_argument("--listen", type=_listen, default=("127.0.0.1", 8750), metavar="HOST:PORT",
+                   help="where the page is served (default 127.0.0.1:8750; port 0: any free port)")
+    p.add_argument("--token", default=None, help="required beyond loopback (or STREAMTRACE_DASHBOARD_TOKEN)")
+    p.add_argument("--allow-anonymous", action="store_true",
+                   help="beyond loopback without a token: anyone who reaches it reads every stream")
+    p.add_argument("--rate", type=float, default=10.0, help="page updates per second")
+    p.add_argument("--points", type=int, default=2000, help="points kept per stream (the page gets them thinned)")
+    p.set_defaults(func=cmd_dashboard)
     for name, func, steps in (("demo", cmd_demo, 3000), ("learn", cmd_learn, 4000)):
         p = sub.add_parser(name, help={"demo": "an engine and synthetic sensor streams, live progress",
                                        "learn": "the engine-free online learning demo"}[name])

@@ -1,7 +1,8 @@
 """The ZeroMQ event loop around EngineCore.
 
 Sockets: ROUTER (request/reply ingest: a DEALER gets its own prediction back), PULL
-(fire-and-forget ingest), PUB (topics ``pred/<stream>``, ``weights``, ``error``, ``stats``).
+(fire-and-forget ingest), PUB (an XPUB with no-drop sends, so every publication a slow
+subscriber could not take is counted; topics ``pred/<stream>``, ``weights``, ``error``, ``stats``).
 Every message waiting on the sockets is drained into the core, then one batched step answers
 them all. SIGTERM / SIGINT stop the loop; a final checkpoint is written on the way out.
 """
@@ -70,7 +71,7 @@ class Engine:
             self.router = self._socket(zmq.ROUTER, cfg.sockets.router)
             self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
             self.pull = self._socket(zmq.PULL, cfg.sockets.pull) if cfg.sockets.pull else None
-            self.pub = self._socket(zmq.PUB, cfg.sockets.pub) if cfg.sockets.pub else None
+            self.pub = self._publisher(cfg.sockets.pub) if cfg.sockets.pub else None
             if cfg.metrics.prometheus_port:
                 try:
                     self.core.metrics.serve_prometheus(cfg.metrics.prometheus_port, cfg.metrics.prometheus_addr)
@@ -84,6 +85,23 @@ class Engine:
             if self._auth is not None:
                 self._auth.stop()
             raise
+
+    def _publisher(self, addr):
+        """PUB as an XPUB with no-drop sends: a publication that a subscriber's full queue
+        (sockets.hwm) cannot take is refused at once (zmq.Again, never blocking the loop) and
+        counted per topic, instead of vanishing as a PUB socket would let it. ZeroMQ refuses it
+        for every subscriber of that topic, so each one sees exactly the counted gaps."""
+        s = self._socket(zmq.XPUB, addr)
+        s.setsockopt(zmq.XPUB_NODROP, 1)
+        return s
+
+    def _drain_subscriptions(self):
+        """An XPUB hands subscriptions to the application: read them so they do not pile up."""
+        try:
+            while self.pub.getsockopt(_EVENTS) & _POLLIN:
+                self.pub.recv(zmq.NOBLOCK)
+        except zmq.Again:
+            pass
 
     def _socket(self, kind, addr):
         s = self.ctx.socket(kind)
@@ -111,7 +129,7 @@ class Engine:
             s.bind(addr)
         except zmq.ZMQError as e:
             s.close(0)
-            key = {zmq.ROUTER: "router", zmq.PULL: "pull", zmq.PUB: "pub"}.get(kind, "router")
+            key = {zmq.ROUTER: "router", zmq.PULL: "pull", zmq.XPUB: "pub"}.get(kind, "router")
             raise ConfigError(f"sockets.{key}", f"cannot listen on {addr!r}: {e}") from None
         return s
 
@@ -154,7 +172,7 @@ class Engine:
                 try:
                     self.pub.send_multipart([dest, raw], flags=zmq.NOBLOCK)
                 except zmq.Again:
-                    self.core.metrics.count("dropped")
+                    self.core.metrics.pub_drop(dest)
 
     def run(self, *, install_signals: bool = True, max_seconds: float | None = None):
         if install_signals:
@@ -218,6 +236,7 @@ class Engine:
                     next_stats = now + stats_every
                     core.evict_idle(now)
                     if self.pub is not None:
+                        self._drain_subscriptions()
                         self._send([("pub", b"stats", core.stats_message())])
                 if deadline is not None and now > deadline:
                     break
