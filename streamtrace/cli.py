@@ -153,6 +153,24 @@ def _signal(kind: int, n: int):
     return s.astype(np.float32)
 
 
+def _demo_dashboard(pub: str, listen: tuple[str, int]):
+    """The demo's dashboard on loopback (its URL printed), or None when the extra is missing."""
+    try:
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        print("  (no live dashboard: pip install 'streamtrace[dashboard]' for one)")
+        return None
+    proc = subprocess.Popen([sys.executable, "-m", "streamtrace", "dashboard", "--pub", pub, "--listen",
+                             f"{listen[0]}:{listen[1]}"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for line in proc.stdout:
+        if line.startswith("streamtrace dashboard:"):
+            print(f"  live dashboard: {line.split()[2]}  (open it in a browser while the demo runs)", flush=True)
+            return proc
+    print(f"  (the dashboard did not start: exit code {proc.wait()})")
+    return None
+
+
 def cmd_demo(args) -> int:
     import threading
 
@@ -166,12 +184,14 @@ def cmd_demo(args) -> int:
         "learning": {"algorithm": args.algorithm, "mode": "forecast", "lr": args.lr},
         "engine": {"slots": max(args.streams, 1)},
         "sockets": {"router": base + "router", "pull": base + "pull", "pub": base + "pub"},
-        "publish": {"weights_every": 500, "stats_every_s": 1.0, "predictions": False},
+        # predictions are published only for a dashboard to draw
+        "publish": {"weights_every": 500, "stats_every_s": 1.0, "predictions": bool(args.dashboard)},
         "checkpoint": {"dir": str(work / "checkpoints"), "every": 2000},
     })
     print(f"streamtrace demo: engine with {args.model.upper()}-{args.hidden} ({args.algorithm}, forecast), "
           f"{args.streams} synthetic sensor streams x {args.steps} steps over ZeroMQ ipc")
     engine = start_engine(config)
+    board = _demo_dashboard(base + "pub", args.dashboard) if args.dashboard else None
     signals = [_signal(i, args.steps + 1) for i in range(args.streams)]
     losses = [np.full(args.steps, np.nan) for _ in range(args.streams)]
     preds = [np.full(args.steps, np.nan) for _ in range(args.streams)]
@@ -209,6 +229,8 @@ def cmd_demo(args) -> int:
             th.join(timeout=5)
         stats.close()
         stop(engine)
+        if board is not None:
+            stop(board, 5)
     elapsed = time.perf_counter() - t0
     window = max(1, args.steps // 10)
     print(f"\n{'stream':10s} {'steps':>6s} {'first MSE':>10s} {'last MSE':>10s} {'fell':>6s}")
@@ -429,6 +451,9 @@ def main(argv=None) -> int:
         if name == "demo":
             p.add_argument("--streams", type=int, default=4)
             p.add_argument("--plot", default="streamtrace-demo.png", help="PNG path ('' for none)")
+            p.add_argument("--dashboard", type=_listen, default=("127.0.0.1", 8750), metavar="HOST:PORT",
+                           help="serve the live dashboard here while the demo runs (loopback)")
+            p.add_argument("--no-dashboard", dest="dashboard", action="store_const", const=None)
         p.set_defaults(func=func)
     p = sub.add_parser("bench", help="end-to-end latency against the ZeroMQ echo floor; --config: your model")
     p.add_argument("--config", default=None, help="time this serve TOML's model: compile, step p50/p99 per "
