@@ -103,6 +103,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--md", default="")
+    ap.add_argument("--only", choices=["stalled", "dashboard"], default=None)
     a = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="st-dcost-", dir="/tmp"))
     ep = {k: f"ipc://{work}/{k}" for k in ("router", "pull", "pub")}
@@ -118,12 +119,12 @@ def main():
         for _ in range(3):
             throughput(ep["router"], a.steps, "tp")
         for r in range(a.rounds):
-            for cond in ("none", "stalled") if r % 2 == 0 else ("stalled", "none"):
+            for cond in (() if a.only == "dashboard" else ("none", "stalled") if r % 2 == 0 else ("stalled", "none")):
                 s = stalled_sub(ep["pub"]) if cond == "stalled" else None
                 rates[cond].append(throughput(ep["router"], a.steps, "tp"))
                 if s is not None:
                     s.close(0)
-            for cond in ("none", "dashboard") if r % 2 == 0 else ("dashboard", "none"):
+            for cond in (() if a.only == "stalled" else ("none", "dashboard") if r % 2 == 0 else ("dashboard", "none")):
                 board = page = None
                 if cond == "dashboard":
                     board, url = start_dashboard(ep["pub"], free_port())
@@ -134,18 +135,20 @@ def main():
                     print(f"  page got {page.events} updates", flush=True)
                     page.close()
                     stop(board)
-            print(f"round {r}: steps/s none {rates['none'][-1]:.0f} stalled {rates['stalled'][-1]:.0f}; "
-                  f"p50 us none {p50['none'][-1]:.0f} dashboard {p50['dashboard'][-1]:.0f}", flush=True)
+            print(f"round {r}: steps/s {({k: round(v[-1]) for k, v in rates.items() if v})}; "
+                  f"p50 us {({k: round(v[-1]) for k, v in p50.items() if v})}", flush=True)
     finally:
         stop(engine)
         shutil.rmtree(work, ignore_errors=True)
     tp = [s / n for s, n in zip(rates["stalled"], rates["none"])]
     lat = [d / n for d, n in zip(p50["dashboard"], p50["none"])]
-    lines = ["| measure | without | with | ratio per round (median) |", "|---|---|---|---|",
-             f"| steps/s, stalled subscriber | {np.median(rates['none']):.0f} | {np.median(rates['stalled']):.0f} | "
-             f"{', '.join(f'{v:.2f}' for v in tp)} ({np.median(tp):.2f}x) |",
-             f"| round-trip p50 (us), dashboard + page open | {np.median(p50['none']):.0f} | "
-             f"{np.median(p50['dashboard']):.0f} | {', '.join(f'{v:.2f}' for v in lat)} ({np.median(lat):.2f}x) |"]
+    lines = ["| measure | without | with | ratio per round (median) |", "|---|---|---|---|"]
+    if tp:
+        lines.append(f"| steps/s, stalled subscriber | {np.median(rates['none']):.0f} | {np.median(rates['stalled']):.0f} | "
+                     f"{', '.join(f'{v:.2f}' for v in tp)} ({np.median(tp):.2f}x) |")
+    if lat:
+        lines.append(f"| round-trip p50 (us), dashboard + page open | {np.median(p50['none']):.0f} | "
+                     f"{np.median(p50['dashboard']):.0f} | {', '.join(f'{v:.2f}' for v in lat)} ({np.median(lat):.2f}x) |")
     print("\n".join(lines))
     if a.md:
         Path(a.md).write_text("\n".join(lines) + "\n")
