@@ -37,7 +37,9 @@ def client(endpoint, stream, n):
     return SensorClient(endpoint, stream=stream, start_seq=start, timeout_s=120)
 
 
-def throughput(endpoint: str, n: int, stream: str, window: int = 64) -> float:
+def throughput(endpoint: str, n: int, stream: str, window: int = 16) -> float:
+    """Pipelined: at most ``window`` requests in flight (well under half the engine's reply
+    queue, sockets.hwm = 100 here: ZeroMQ updates a queue's fill level in batches of half)."""
     x = np.zeros(1, np.float32)
     with client(endpoint, stream, n + 200) as c:
         for _ in range(200):       # warm
