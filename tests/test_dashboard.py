@@ -164,3 +164,16 @@ def test_server_gates_by_token_thins_and_only_reads(served):
     assert len(a["seq"]) == 100 and a["seq"][-1] == 1999 and a["last_seq"] == 1999
     assert list(got[-1]["streams"]) == ["a"]
     assert got[-1]["engine"]["steps_per_s"] == 100.0
+
+
+def test_hundreds_of_streams_reach_the_page_thinned():
+    feed = Feed("ipc:///nonexistent", points=400)
+    for k in range(500):
+        for seq in range(400):
+            feed._take(b"pred/", pred(f"s{k:03d}", seq, 0.0, 1.0))
+    listed = feed.names(limit=200)
+    assert listed["total"] == 500 and len(listed["names"]) == 200 and listed["names"][0] == "s000"
+    assert feed.names("s49")["names"] == [f"s49{i}" for i in range(10)]
+    v = feed.view([f"s{k:03d}" for k in range(12)], max_points=50)
+    assert len(v["streams"]) == 12 and all(len(s["seq"]) == 50 and s["seq"][-1] == 399 for s in v["streams"].values())
+    assert len(json.dumps(_clean(v))) < 100_000      # what one update weighs, whatever the stream count
