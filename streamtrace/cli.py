@@ -102,6 +102,16 @@ def _listen(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def _die_with_parent():
+    """In the child: SIGTERM when the parent dies, even killed (Linux; elsewhere nothing)."""
+    try:
+        import ctypes
+        import signal
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)    # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def start_dashboard(cfg, listen: tuple[str, int], token: str | None, allow_anonymous: bool) -> subprocess.Popen:
     """``streamtrace dashboard`` in a child process (its own interpreter: the engine's loop never
     shares a GIL with the web server), reading this engine's PUB socket; returns once it listens."""
@@ -115,7 +125,8 @@ def start_dashboard(cfg, listen: tuple[str, int], token: str | None, allow_anony
     cmd = [sys.executable, "-m", "streamtrace", "dashboard", "--pub", connect_address(cfg.sockets.pub),
            "--listen", f"{listen[0]}:{listen[1]}"] + (["--allow-anonymous"] if allow_anonymous else [])
     env = {**os.environ, **({"STREAMTRACE_DASHBOARD_TOKEN": token} if token else {})}   # not on argv (ps)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            preexec_fn=_die_with_parent)
     for line in proc.stdout:
         print(line.rstrip(), flush=True)
         if line.startswith("streamtrace dashboard:"):

@@ -177,3 +177,32 @@ def test_hundreds_of_streams_reach_the_page_thinned():
     v = feed.view([f"s{k:03d}" for k in range(12)], max_points=50)
     assert len(v["streams"]) == 12 and all(len(s["seq"]) == 50 and s["seq"][-1] == 399 for s in v["streams"].values())
     assert len(json.dumps(_clean(v))) < 100_000      # what one update weighs, whatever the stream count
+
+
+@pytest.mark.slow
+def test_serve_with_a_dashboard_starts_and_stops_both(tmp_path):
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    from dashboard_helpers import engine_config
+    sock_dir = Path(tempfile.mkdtemp(prefix="st-sd-", dir="/tmp"))
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "streamtrace", "serve", "--config",
+                             str(engine_config(tmp_path, sock_dir)), "--dashboard", f"127.0.0.1:{port}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("streamtrace engine:"):
+                break
+        assert any(f"streamtrace dashboard: http://127.0.0.1:{port}/" in x for x in lines), lines
+        status, body = get(f"http://127.0.0.1:{port}/api/streams")
+        assert status == 200 and json.loads(body)["total"] == 0
+    finally:
+        proc.terminate()
+        assert proc.wait(30) == 0
+    with pytest.raises(urllib.error.URLError):      # the dashboard went with the engine
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/api/streams", timeout=2)
