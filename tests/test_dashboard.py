@@ -103,6 +103,7 @@ def served(tmp_path):
     ctx = zmq.Context.instance()
     pub = ctx.socket(zmq.PUB)
     pub.setsockopt(zmq.LINGER, 0)
+    pub.setsockopt(zmq.SNDHWM, 0)      # a burst of test messages is never dropped on the way
     endpoint = f"ipc://{tmp_path}/pub"
     pub.bind(endpoint)
     feed = Feed(endpoint).start()
@@ -113,7 +114,7 @@ def served(tmp_path):
     thread.start()
     while not server.started:
         time.sleep(0.05)
-    yield pub, f"http://127.0.0.1:{port}"
+    yield pub, feed, f"http://127.0.0.1:{port}"
     server.should_exit = True
     thread.join(5)
     feed.close()
@@ -142,7 +143,7 @@ def events(url, n: int) -> list[dict]:
 
 
 def test_server_gates_by_token_thins_and_only_reads(served):
-    pub, base = served
+    pub, feed, base = served
     assert get(base + "/")[0] == 401 and get(base + "/api/streams?token=wrong")[0] == 401
     assert get(base + "/static/uPlot.iife.min.js")[0] == 200          # the library is public
     status, page = get(base + "/?token=s3cret")
@@ -151,13 +152,14 @@ def test_server_gates_by_token_thins_and_only_reads(served):
     for method in ("POST", "PUT", "DELETE"):                          # nothing can change anything
         assert get(base + "/events?token=s3cret", method=method)[0] == 405
         assert get(base + "/api/streams?token=s3cret", method=method)[0] == 405
-    time.sleep(0.5)                                                   # the feed's subscription lands
+    deadline = time.monotonic() + 30
+    while not feed.stats and time.monotonic() < deadline:           # until the feed's subscription lands
+        pub.send_multipart([b"stats", stats(5.0)])
+        time.sleep(0.05)
     for seq in range(2000):
         pub.send_multipart([b"pred/a", pred("a", seq, np.sin(seq / 50), np.cos(seq / 50))])
-    pub.send_multipart([b"stats", stats(5.0)])
-    deadline = time.monotonic() + 20
-    while json.loads(get(base + "/api/streams?token=s3cret")[1])["total"] < 1 and time.monotonic() < deadline:
-        time.sleep(0.1)
+    while (feed.streams.get("a") is None or feed.streams["a"].last_seq != 1999) and time.monotonic() < deadline:
+        time.sleep(0.05)
     got = events(base + "/events?token=s3cret&streams=a,nope&points=100", 6)
     assert len(got) == 6
     a = got[-1]["streams"]["a"]

@@ -34,9 +34,10 @@ def latest_stats(s, want, timeout_s: float = 120.0) -> dict:
     raise AssertionError("the engine's stats never showed what the test waits for")
 
 
-def seqs_of(s, stream: str) -> list[int]:
+def seqs_of(s, stream: str, idle_ms: int = 2000) -> list[int]:
+    """Every prediction of ``stream`` waiting or still on its way (until idle_ms of silence)."""
     got = []
-    while s.poll(500):
+    while s.poll(idle_ms):
         msg = wire.decode(s.recv_multipart()[1])
         if msg["stream"] == stream:
             got.append(msg["seq"])
