@@ -147,6 +147,10 @@ def cmd_dashboard(args) -> int:
         pub = connect_address(load_config(args.config).sockets.pub)
     token = args.token or os.environ.get("STREAMTRACE_DASHBOARD_TOKEN")
     try:
+        if not 0.1 <= args.rate <= 50:
+            raise DashboardError("--rate", f"{args.rate}: page updates per second must be within 0.1..50")
+        if not 10 <= args.points <= 1_000_000:
+            raise DashboardError("--points", f"{args.points}: points kept per stream must be within 10..1000000")
         return run(pub, *args.listen, token=token, allow_anonymous=args.allow_anonymous, rate_hz=args.rate,
                    points=args.points, announce=lambda s: print(s, flush=True))
     except DashboardError as e:
@@ -427,10 +431,8 @@ def _bridge_parsers(sub):
         b.set_defaults(func=cmd_bridge)
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="streamtrace", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
+def _serve_parsers(sub):
+    """``serve`` (optionally with a dashboard) and ``dashboard``."""
     p = sub.add_parser("serve", help="run the streaming engine")
     p.add_argument("--config", default=None, help="TOML config file (defaults for anything missing)")
     p.add_argument("--dashboard", type=_listen, default=None, metavar="HOST:PORT",
@@ -451,6 +453,13 @@ def main(argv=None) -> int:
     p.add_argument("--rate", type=float, default=10.0, help="page updates per second")
     p.add_argument("--points", type=int, default=2000, help="points kept per stream (the page gets them thinned)")
     p.set_defaults(func=cmd_dashboard)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="streamtrace", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    _serve_parsers(sub)
     for name, func, steps in (("demo", cmd_demo, 3000), ("learn", cmd_learn, 4000)):
         p = sub.add_parser(name, help={"demo": "an engine and synthetic sensor streams, live progress",
                                        "learn": "the engine-free online learning demo"}[name])

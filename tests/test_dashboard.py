@@ -208,3 +208,10 @@ def test_serve_with_a_dashboard_starts_and_stops_both(tmp_path):
         assert proc.wait(30) == 0
     with pytest.raises(urllib.error.URLError):      # the dashboard went with the engine
         urllib.request.urlopen(f"http://127.0.0.1:{port}/api/streams", timeout=2)
+
+
+@pytest.mark.parametrize("argv, option", [(["--rate", "0"], "--rate"), (["--points", "1"], "--points"),
+                                          (["--listen", "0.0.0.0:0"], "--token")])
+def test_dashboard_refuses_bad_options_naming_them(argv, option, capsys):
+    assert main(["dashboard", "--pub", "ipc:///nonexistent", *argv]) == 2
+    assert option in capsys.readouterr().err
