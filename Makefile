@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTHON ?= python3
 
-.PHONY: demo test bench quality clean broker
+.PHONY: demo test bench quality clean broker browser
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,7 +26,19 @@ broker: $(VENV)/.installed
 	        "amqtt from PyPI as the MQTT test broker ***" >&2 && $(PY) -m pip install --quiet 'amqtt>=0.11,<0.13') || \
 	  echo "*** no MQTT broker (neither mosquitto nor amqtt): the MQTT bridge tests will fail ***" >&2
 
-test: $(VENV)/.installed broker
+# The dashboard's browser test drives Debian's chromium + chromium-driver (never a downloaded
+# browser); installed here when missing, bounded like the broker; without them that test fails
+# and says why.
+APT_BIG = DEBIAN_FRONTEND=noninteractive timeout 400 apt-get -o DPkg::Lock::Timeout=30 -o Acquire::Retries=1
+browser:
+	@{ command -v chromium >/dev/null 2>&1 || test -x /usr/bin/chromium; } && \
+	  { command -v chromedriver >/dev/null 2>&1 || test -x /usr/bin/chromedriver; } || \
+	  { echo "*** installing chromium and chromium-driver for the dashboard's browser test ***" >&2; \
+	    $(APT_BIG) install -y -q chromium chromium-driver || ($(APT) update -q && $(APT_BIG) install -y -q chromium chromium-driver); } || \
+	  echo "*** chromium / chromium-driver could not be installed (apt-get needs root and a reachable mirror): the" \
+	       "dashboard's browser test will fail ***" >&2
+
+test: $(VENV)/.installed broker browser
 	$(PY) -m pytest -q
 
 bench: $(VENV)/.installed

@@ -1,6 +1,8 @@
-"""Command line: ``streamtrace serve | demo | bench | learn | evaluate | replay``.
+"""Command line: ``streamtrace serve | dashboard | demo | bench | learn | evaluate | replay``.
 
 serve   run the streaming engine (TOML config; every key has a default that just works)
+dashboard  a live read-only web page of a running engine (signal vs prediction per stream,
+        errors, latency), fed by its PUB socket; ``serve --dashboard HOST:PORT`` starts one too
 demo    start an engine and several synthetic sensor streams on loopback, show live progress,
         end with a summary table and a PNG plot
 bench   end-to-end latency: sensor -> engine -> prediction round trips, with a bare ZeroMQ +
@@ -16,13 +18,16 @@ import argparse
 import importlib
 import sys
 
+from .dashboard.command import add_parser as add_dashboard_parser, listen_address
+
 __all__ = ["main"]
 
 
 # Each command is one module's ``run_cli(args)``, imported only when that command runs (so
 # ``streamtrace --help`` and a bridge do not load jax).
-COMMANDS = {"serve": "streamtrace.engine.server", "demo": "streamtrace.demo", "learn": "streamtrace.learn",
-            "bench": "streamtrace.latency", "evaluate": "streamtrace.evaluate", "replay": "streamtrace.adapters.replay"}
+COMMANDS = {"serve": "streamtrace.serve", "dashboard": "streamtrace.dashboard.command", "demo": "streamtrace.demo",
+            "learn": "streamtrace.learn", "bench": "streamtrace.latency", "evaluate": "streamtrace.evaluate",
+            "replay": "streamtrace.adapters.replay"}
 
 
 def _run(args) -> int:
@@ -48,13 +53,25 @@ def _bridge_parsers(sub):
         b.set_defaults(func=_run)
 
 
+def _serve_parsers(sub):
+    """``serve`` (optionally with a live dashboard beside it) and ``dashboard``."""
+    p = sub.add_parser("serve", help="run the streaming engine")
+    p.add_argument("--config", default=None, help="TOML config file (defaults for anything missing)")
+    p.add_argument("--dashboard", type=listen_address, default=None, metavar="HOST:PORT",
+                   help="also serve the live dashboard here (127.0.0.1:8750 for loopback)")
+    p.add_argument("--dashboard-token", default=None, help="required beyond loopback "
+                   "(or STREAMTRACE_DASHBOARD_TOKEN)")
+    p.add_argument("--dashboard-allow-anonymous", action="store_true",
+                   help="beyond loopback without a token: anyone who reaches it reads every stream")
+    p.set_defaults(func=_run)
+    add_dashboard_parser(sub, _run)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="streamtrace", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("serve", help="run the streaming engine")
-    p.add_argument("--config", default=None, help="TOML config file (defaults for anything missing)")
-    p.set_defaults(func=_run)
+    _serve_parsers(sub)
     for name, steps in (("demo", 3000), ("learn", 4000)):
         p = sub.add_parser(name, help={"demo": "an engine and synthetic sensor streams, live progress",
                                        "learn": "the engine-free online learning demo"}[name])
@@ -69,6 +86,9 @@ def main(argv=None) -> int:
         if name == "demo":
             p.add_argument("--streams", type=int, default=4)
             p.add_argument("--plot", default="streamtrace-demo.png", help="PNG path ('' for none)")
+            p.add_argument("--dashboard", type=listen_address, default=("127.0.0.1", 8750), metavar="HOST:PORT",
+                           help="serve the live dashboard here while the demo runs (loopback)")
+            p.add_argument("--no-dashboard", dest="dashboard", action="store_const", const=None)
         p.set_defaults(func=_run)
     p = sub.add_parser("bench", help="end-to-end latency against the ZeroMQ echo floor; --config: your model")
     p.add_argument("--config", default=None, help="time this serve TOML's model: compile, step p50/p99 per "

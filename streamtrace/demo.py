@@ -6,6 +6,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from .dashboard.command import demo_dashboard
 from .launch import start_engine, stop, write_config
 
 __all__ = ["two_tone", "run_cli"]
@@ -36,7 +37,8 @@ def run_cli(args) -> int:
         "learning": given(algorithm=args.algorithm, mode="forecast", lr=args.lr),
         "engine": {"slots": max(args.streams, 1)},
         "sockets": {"router": base + "router", "pull": base + "pull", "pub": base + "pub"},
-        "publish": {"weights_every": 500, "stats_every_s": 1.0, "predictions": False},
+        # predictions are published only for a dashboard to draw
+        "publish": {"weights_every": 500, "stats_every_s": 1.0, "predictions": bool(args.dashboard)},
         "checkpoint": {"dir": str(work / "checkpoints"), "every": 2000},
     })
     what = "the default learner" if args.model is None else \
@@ -44,6 +46,7 @@ def run_cli(args) -> int:
     print(f"streamtrace demo: engine with {what}, forecast, "
           f"{args.streams} synthetic sensor streams x {args.steps} steps over ZeroMQ ipc")
     engine = start_engine(config)
+    board = demo_dashboard(base + "pub", args.dashboard) if args.dashboard else None
     series = [two_tone(i, args.steps + 1) for i in range(args.streams)]
     losses = [np.full(args.steps, np.nan) for _ in range(args.streams)]
     preds = [np.full(args.steps, np.nan) for _ in range(args.streams)]
@@ -81,17 +84,11 @@ def run_cli(args) -> int:
             th.join(timeout=5)
         stats.close()
         stop(engine)
+        if board is not None:
+            stop(board, 5)
     elapsed = time.perf_counter() - t0
     tenth = max(1, args.steps // 10)     # the first / last tenth of the run are compared
-    print(f"\n{'stream':10s} {'steps':>6s} {'first MSE':>10s} {'last MSE':>10s} {'fell':>6s} "
-          f"{'persistence':>11s}")
-    ratios = []
-    for i in range(args.streams):
-        first, last = np.nanmean(losses[i][1:tenth]), np.nanmean(losses[i][-tenth:])
-        ratios.append(first / last)
-        s = series[i][:args.steps + 1]     # "the next value equals the last", same window
-        naive = float(np.mean((s[1:] - s[:-1])[-tenth:] ** 2))
-        print(f"sensor-{i:<3d} {done[i]:6d} {first:10.4f} {last:10.5f} {first / last:5.1f}x {naive:11.5f}")
+    ratios = _summary(series, losses, done, tenth)
     print(f"{sum(done)} steps in {elapsed:.1f}s ({sum(done) / elapsed:.0f} steps/s over {args.streams} streams)")
     for e in errors:
         print("error:", e)
@@ -99,6 +96,20 @@ def run_cli(args) -> int:
         _plot(args.plot, series[0], preds[0], losses, tenth)
         print(f"plot: {args.plot}")
     return 0 if not errors and all(r > 1 for r in ratios) else 1
+
+
+def _summary(series, losses, done, tenth) -> list:
+    """The table of each stream's first and last tenth's MSE beside persistence's; the falls."""
+    import numpy as np
+    print(f"\n{'stream':10s} {'steps':>6s} {'first MSE':>10s} {'last MSE':>10s} {'fell':>6s} "
+          f"{'persistence':>11s}")
+    ratios = []
+    for i, (s, loss) in enumerate(zip(series, losses)):
+        first, last = np.nanmean(loss[1:tenth]), np.nanmean(loss[-tenth:])
+        ratios.append(first / last)
+        naive = float(np.mean((s[1:] - s[:-1])[-tenth:] ** 2))   # "the next value equals the last"
+        print(f"sensor-{i:<3d} {done[i]:6d} {first:10.4f} {last:10.5f} {first / last:5.1f}x {naive:11.5f}")
+    return ratios
 
 
 def _plot(path, series, pred, losses, smooth):

@@ -5,7 +5,8 @@ and a message naming what is wrong; nothing is trusted before it is checked.
 Messages (all maps carry ``"v": 1`` and ``"type"``):
 
     data        sensor -> engine   stream, seq, ts, x, [y], [mode: "learn" | "predict"]
-    prediction  engine -> sensor   stream, seq, pred, loss (or nil), step, version, ts, t_engine
+    prediction  engine -> sensor   stream, seq, pred, loss (or nil), step, version, ts, t_engine;
+                                   published on PUB also [signal]: the sample's y, else its x
     error       engine -> sensor   code, message, [stream], [seq]
     get_weights sensor -> engine   (request/reply only) -> a "weights" snapshot
     weights     engine -> PUB      version, kind ("snapshot" | "update"), base, params {name: array}
@@ -174,11 +175,13 @@ class PredictionEncoder:
         self._key, self._array = None, None
 
     def __call__(self, stream: str, seq: int, pred: np.ndarray, loss: float | None, step: int, version: int,
-                 ts: float) -> bytes:
+                 ts: float, signal: np.ndarray | None = None) -> bytes:
         if (pred.dtype, pred.shape) != self._key:
             self._key = (pred.dtype, pred.shape)
             self._array = {k: v for k, v in pack_array(pred).items() if k != "data"}
         data = pred.tobytes() if pred.dtype.byteorder != ">" else pack_array(pred)["data"]
-        return self._packer.pack({"v": VERSION, "type": "prediction", "stream": stream, "seq": seq,
-                                  "pred": {**self._array, "data": data}, "loss": loss, "step": step,
-                                  "version": version, "ts": ts})
+        msg = {"v": VERSION, "type": "prediction", "stream": stream, "seq": seq,
+               "pred": {**self._array, "data": data}, "loss": loss, "step": step, "version": version, "ts": ts}
+        if signal is not None:       # published copies only (publish.signal): what a dashboard plots
+            msg["signal"] = pack_array(signal)
+        return self._packer.pack(msg)

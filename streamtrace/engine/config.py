@@ -139,6 +139,8 @@ class PublishConfig:
     weights_every: int = 100      # publish weights every N processed steps (0: never)
     stats_every_s: float = 1.0
     predictions: bool = True      # also publish every prediction on "pred/<stream>"
+    signal: bool = True           # a published prediction also carries its sample's signal (the
+                                  # target y when given, else the input x): what a dashboard plots
 
 
 @dataclass

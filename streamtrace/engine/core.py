@@ -311,16 +311,20 @@ class EngineCore:
         self.metrics.count("updates", sum(1 for r in results if r.applied is True or
                                           (r.applied is not False and r.applied.any())))
         encode, metrics, publish = self._reply, self.metrics, self.cfg.publish.predictions
+        signal = publish and self.cfg.publish.signal
         out, steps, version, now = [], self.steps, self.version, self.clock()
         for j, p, d, origin, t_recv in taken:
             r = results[j]
             loss = float(r.loss[p])
             name = d["stream"]
             metrics.loss(name, loss)
-            reply = encode(name, d["seq"], r.prediction[p], None if loss != loss else loss, steps, version, d["ts"])
+            args = (name, d["seq"], r.prediction[p], None if loss != loss else loss, steps, version, d["ts"])
+            reply = encode(*args)
             if origin is not None:
                 out.append(("reply", origin, reply))
             if publish:
+                if signal:     # the published copy also carries what was measured (dashboards)
+                    reply = encode(*args, d["x"] if d["y"] is None else d["y"])
                 out.append(("pub", b"pred/" + name.encode(), reply))
             metrics.latency(now - t_recv)
         self.metrics.count("answered", len(taken))
@@ -400,6 +404,9 @@ class EngineCore:
                                   for name, st in self.streams.items()}
         self.metrics.quality(snap["stream_metrics"])
         snap["version"] = self.version
+        snap["pending"] = self._pending                 # queued messages not yet stepped
+        snap["parked_streams"] = len(self.parking)
+        snap["mode"], snap["horizon"] = self.cfg.learning.mode, self.cfg.learning.horizon
         snap["batch_sizes"] = list(self.ready)    # steps one call over all slots takes
         snap["subset_sizes"] = list(self.ready_subsets)   # busy-slot counts with a call of their own
         return wire.encode({"type": "stats", **snap})

@@ -9,14 +9,17 @@ import numpy as np
 
 __all__ = ["Metrics"]
 
+MAX_TOPICS = 1024     # per-topic drop counts kept by name (streams come and go)
+
 
 class Metrics:
     def __init__(self, latency_samples: int = 20000):
         self.counters = {"received": 0, "accepted": 0, "answered": 0, "errors": 0, "dropped": 0,
                          "steps": 0, "updates": 0, "skipped": 0, "lost_on_resync": 0,
                          "checkpoints": 0, "weights_published": 0, "reply_failures": 0,
-                         "parked": 0, "unparked": 0, "park_dropped": 0}
+                         "parked": 0, "unparked": 0, "park_dropped": 0, "pub_dropped": 0}
         self.errors_by_code: dict[str, int] = {}
+        self.pub_dropped_by_topic: dict[str, int] = {}
         self.latency_us: deque = deque(maxlen=latency_samples)
         self.stream_loss: dict[str, float] = {}
         self._t0 = time.monotonic()
@@ -33,6 +36,18 @@ class Metrics:
         self.count("errors")
         if self._prom:
             self._prom["errors"].labels(code).inc()
+
+    def pub_drop(self, topic: bytes):
+        """A publication refused because a subscriber's queue was full (no subscriber got it).
+        Per topic, so a subscriber can match the gaps it saw; at most MAX_TOPICS topics are
+        named, the rest are summed under "other"."""
+        name = topic.decode(errors="replace")
+        by = self.pub_dropped_by_topic
+        if name not in by and len(by) >= MAX_TOPICS:
+            name = "other"
+        by[name] = by.get(name, 0) + 1
+        self.count("pub_dropped")
+        self.count("dropped")
 
     def latency(self, seconds: float):
         self.latency_us.append(seconds * 1e6)
@@ -65,6 +80,7 @@ class Metrics:
         lat = np.asarray(self.latency_us) if self.latency_us else np.zeros(1)
         snap = {"uptime_s": now - self._t0, "steps_per_s": rate, **self.counters,
                 "errors_by_code": dict(self.errors_by_code),
+                "pub_dropped_by_topic": dict(self.pub_dropped_by_topic),
                 "latency_us": {"p50": float(np.percentile(lat, 50)), "p90": float(np.percentile(lat, 90)),
                                "p99": float(np.percentile(lat, 99)), "max": float(lat.max())},
                 "streams": streams, "slots_free": slots_free,
