@@ -289,8 +289,9 @@ PROCS, PER_PROC, STEPS, WINDOW = 4, 16, 150, 6
 
 
 def wait_for_batch_sizes(pub_endpoint, sizes, timeout=120.0):
-    """Until the engine's stats say every micro-batch size is compiled (an idle engine compiles
-    them after its first second), so that piled-up steps can share a call."""
+    """Until the engine's stats say which step counts one call over all slots takes (an engine
+    with subset calls: its loop program takes up to micro_batch at once), so that piled-up steps
+    can share a call."""
     sub = Subscriber(pub_endpoint, (b"stats",))
     try:
         end = time.monotonic() + timeout
@@ -320,7 +321,7 @@ def test_64_streams_from_4_processes_answered_once_and_equal_single_stream_learn
     with running_engine(tmp_path, MULTI) as (proc, ep, cfg_path):
         cfg = load_config(cfg_path)
         assert (cfg.engine.slots, cfg.engine.shared_weights, cfg.learning.mode) == (64, False, "supervised")
-        wait_for_batch_sizes(ep["pub"], [1, 2, 4])
+        wait_for_batch_sizes(ep["pub"], [4])   # one loop program takes up to micro_batch = 4 steps
         outs = [tmp_path / f"client-{p}.npz" for p in range(PROCS)]
         clients = [subprocess.Popen([sys.executable, str(HELPERS), "client", ep["router"], str(p), str(PER_PROC),
                                      str(STEPS), str(WINDOW), str(outs[p])],

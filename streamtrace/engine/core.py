@@ -269,12 +269,13 @@ class EngineCore:
         need = 2 * len({st.slot // 2 for st in busy}) if self.learner.pairs else len(busy)
         m = next((m for m in self.ready_subsets if m >= need), None)
         K = self.cfg.engine.micro_batch
-        count = min(max(len(st.pending) for st in busy), K) if m is not None or self.looped else 1
+        count = min(max(len(st.pending) for st in busy), K)
         if self.ckpt and self._since_ckpt + sum(min(len(st.pending), count) for st in busy) > self.cfg.checkpoint.every:
             self.save_checkpoint()
         L, supervised = self.learner, self.cfg.learning.mode == "supervised"
+        idx = None
         if m is None:
-            call, (xs, ys, active, learn) = self._inputs(K if self.looped else 1, "loop" if self.looped else None)
+            call, (xs, ys, active, learn) = self._inputs(K, "loop" if self.looped else "burst")
             pos = [st.slot for st in busy]
         else:
             call, (xs, ys, active, learn) = self._inputs(K, m)
@@ -296,14 +297,7 @@ class EngineCore:
                     learn[j, p] = d["mode"] == "learn"
                 taken.append((j, p, d, origin, t_recv))
         self._pending -= len(taken)
-        if m is not None:
-            rows = L.step_subset_unchecked(idx, count, xs, ys, active, learn)
-            results = [L.decode(rows[j], m=m) for j in range(count)]
-        elif self.looped:
-            rows = L.step_loop_unchecked(count, xs, ys, active, learn)
-            results = [L.decode(rows[j]) for j in range(count)]
-        else:
-            results = [L.decode(L.step_unchecked(*call))]
+        results = self._call(m, idx, count, xs, ys, active, learn)
         self.steps += len(taken)
         self._since_publish += len(taken)
         self._since_ckpt += len(taken)
@@ -333,6 +327,24 @@ class EngineCore:
             out.append(("pub", b"weights", self.weights_message("update")))
         return out
 
+    def _call(self, m, idx, count, xs, ys, active, learn) -> list:
+        """``count`` steps: a subset call (m slots), the loop program over all slots, or, in an
+        engine with one program, a one-step call per step (determinism.md)."""
+        L = self.learner
+        if m is not None:
+            rows = L.step_subset_unchecked(idx, count, xs, ys, active, learn)
+            return [L.decode(rows[j], m=m) for j in range(count)]
+        if self.looped:
+            rows = L.step_loop_unchecked(count, xs, ys, active, learn)
+            return [L.decode(rows[j]) for j in range(count)]
+        call, one = self._inputs(1)
+        results = []
+        for j in range(count):
+            for view, steps in zip(one, (xs, ys, active, learn)):
+                view[0] = steps[j]
+            results.append(L.decode(L.step_unchecked(*call)))
+        return results
+
     def _subset_index(self, m, busy, out):
         """The slots of a subset call, written into ``out`` (the program's index input): the
         busy streams' slots in order, padded to m with slots that stay idle in it (the step
@@ -358,6 +370,9 @@ class EngineCore:
             if m == "loop":       # (count, x, y, active, learn): fill the last four
                 call = L.compiled_loop(k).inputs.views
                 views = (call, call[1:])
+            elif m == "burst":    # k steps for k one-step calls (``_call``)
+                x, y, a = L._example_inputs(k)
+                views = (None, (x, y, a, a.copy()))
             elif m is not None:   # (slot indices, count, x, y, active, learn): fill the last four
                 call = L.compiled_subset(m, k).inputs.views
                 views = (call, call[2:])
