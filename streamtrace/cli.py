@@ -9,6 +9,7 @@ bench   end-to-end latency: sensor -> engine -> prediction round trips, with a b
 learn   the engine-free online learning demo (one process, loss printed as it falls)
 evaluate  prequential one-step-ahead quality of a config on a task or a CSV/NPY file
 replay  send a recorded CSV/NPY/Parquet file to an engine row by row and score its predictions
+worker, cluster up | status   scale out on NATS JetStream (streamtrace[cluster]; docs/cluster.md)
 """
 from __future__ import annotations
 
@@ -340,6 +341,8 @@ def main(argv=None) -> int:
     p = sub.add_parser("serve", help="run the streaming engine")
     p.add_argument("--config", default=None, help="TOML config file (defaults for anything missing)")
     p.set_defaults(func=cmd_serve)
+    from .cluster.cli import add_parsers as cluster_parsers   # worker, cluster up | status (streamtrace[cluster])
+    cluster_parsers(sub)
     for name, func, steps in (("demo", cmd_demo, 3000), ("learn", cmd_learn, 4000)):
         p = sub.add_parser(name, help={"demo": "an engine and synthetic sensor streams, live progress",
                                        "learn": "the engine-free online learning demo"}[name])
