@@ -42,6 +42,9 @@ def cmd_worker(args) -> int:
     except ConfigError as e:
         print("config error: " + " ".join(str(e).split()), file=sys.stderr)
         return 2
+    except ConnectionError as e:
+        print(f"worker: {e}", file=sys.stderr)
+        return 2
 
 
 def cmd_up(args) -> int:

@@ -28,6 +28,7 @@ class ClusterClient:
         self.seqs: dict[str, int] = {stream: start_seq}
         self.answered: dict[str, set] = {}     # per stream: seqs handed to the caller
         self.duplicates = 0
+        self.trace: list | None = None         # set to a list: every answer's (time, headers) before de-duplication
         self.inbox: queue.Queue = queue.Queue()
         self._held: dict[tuple, dict] = {}     # answers read by step() while waiting for another
         self._subs: dict[str, object] = {}
@@ -65,6 +66,8 @@ class ClusterClient:
         await self.nc.publish(L.in_subject(stream), raw, headers={"Nats-Msg-Id": msg_id} if msg_id else None)
 
     async def _on_answer(self, msg):
+        if self.trace is not None:
+            self.trace.append((time.monotonic(), msg.subject, dict(msg.headers or {})))
         try:
             answer = _decode(msg.data)
         except wire.WireError:

@@ -109,5 +109,19 @@ async def connect(url: str, creds: Credentials | None = None, *, name: str = "st
     """A NATS connection that keeps reconnecting (a broker restart is waited out) and fails
     at once on a first connection that is refused (wrong credentials, nothing listening)."""
     import nats
-    return await nats.connect(url, name=name, allow_reconnect=True, max_reconnect_attempts=-1,
-                              reconnect_time_wait=0.2, connect_timeout=2, **(creds or Credentials()).options(), **kw)
+    seen = []
+
+    async def first_errors(e):      # why a first connection failed (NoServersError alone does not say)
+        if len(seen) < 8:
+            seen.append(e)
+    kw.setdefault("error_cb", first_errors)
+    try:
+        nc = await nats.connect(url, name=name, allow_reconnect=True, max_reconnect_attempts=1,
+                                reconnect_time_wait=0.2, connect_timeout=2, **(creds or Credentials()).options(), **kw)
+    except Exception as e:  # noqa: BLE001 - nats-py raises several kinds; one clear message
+        why = "; ".join(dict.fromkeys(f"{type(x).__name__}: {x}" for x in seen)) or f"{type(e).__name__}: {e}"
+        if any("authoriz" in str(x).lower() for x in seen):
+            why += " (the server wants credentials: --token / --user and --password / --creds / --nkey)"
+        raise ConnectionError(f"cannot connect to NATS at {url}: {why}") from None
+    nc.options["max_reconnect_attempts"] = -1     # connected once: from now on wait out broker restarts
+    return nc
