@@ -47,7 +47,9 @@ def reference(cfg_path: Path, data: dict):
             out = core.ingest(wire.data_message(name, t, xs[t])) or core.tick()
             body = next(b for _, topic, b in out if topic.startswith(b"pred/"))
             preds[(name, t)] = decode_reply(body)["pred"]
-    states = {n: jax.tree_util.tree_leaves(core.learner.read_slot(st.slot)) for n, st in core.streams.items()}
+    states = {n: dict((jax.tree_util.keystr(p), a) for p, a in
+                      jax.tree_util.tree_flatten_with_path(core.learner.read_slot(st.slot))[0])
+              for n, st in core.streams.items()}
     return preds, states
 
 
@@ -126,8 +128,13 @@ def assert_same(got: dict, ref_preds: dict, states: dict, ref_states: dict):
     assert set(states) == set(ref_states)
     for name, leaves in ref_states.items():
         assert len(states[name]) == len(leaves)
-        for a, b in zip(states[name], leaves):
-            assert np.asarray(a).tobytes() == np.asarray(b).tobytes(), f"stream {name}: final state differs"
+        for a, (path, b) in zip(states[name], leaves.items()):
+            a, b = np.asarray(a), np.asarray(b)
+            if path == "['stats']['counters']":
+                # [0] counts the calls the slot took part in, active or idle (a statistic: one engine
+                # stepping every stream makes more calls than a worker holding a few); the rest is state
+                a, b = a[1:], b[1:]
+            assert a.tobytes() == b.tobytes(), f"stream {name}: final {path} differs: {a} != {b}"
 
 
 def terminate(procs, timeout_s: float = 60.0) -> list:

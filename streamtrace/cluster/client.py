@@ -74,7 +74,7 @@ class ClusterClient:
             return
         stream = answer.get("stream")
         if stream is not None:           # a replay answers (stream, seq) again: once to the caller
-            key = (answer["type"] == "prediction", answer.get("seq"))
+            key = (answer.get("code", "prediction"), answer.get("seq"))
             seen = self.answered.setdefault(stream, set())
             if key in seen:
                 self.duplicates += 1

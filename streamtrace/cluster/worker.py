@@ -43,20 +43,24 @@ class Worker:
                  poll_s: float = 0.25, partitions: int | None = None, wid: str | None = None,
                  prometheus_port: int = 0):
         self.url, self.creds, self.partitions = url, creds, partitions
-        self.stepper = Stepper(cfg)
-        self.stepper.warmup()     # compiled before joining: a first message must not outlast the lease
+        self.cfg, self.stepper = cfg, None
         self.id = wid or worker_id()
         self.lease_ttl, self.heartbeat_s, self.poll_s = lease_ttl_s, heartbeat_s, poll_s
         self.renew_margin = lease_ttl_s * 0.6     # renew once the validity left is below this
         self.ckpt_every, self.ckpt_interval_s = ckpt_every, ckpt_interval_s
         self.owners: dict[int, tuple[PartitionOwner, asyncio.Task]] = {}
         self.seen_workers: dict[str, tuple[int, float]] = {}
+        self.prometheus_port = prometheus_port
+        self.stop_event: asyncio.Event | None = None
+
+    def _build(self):
+        self.stepper = Stepper(self.cfg)
+        self.stepper.warmup()     # compiled before joining: a first message must not outlast the lease
         self.metrics = self.stepper.core.metrics
         for name in COUNTERS:
             self.metrics.counters.setdefault(name, 0)
-        self.stop_event: asyncio.Event | None = None
-        if prometheus_port:
-            self.metrics.serve_prometheus(prometheus_port)
+        if self.prometheus_port:
+            self.metrics.serve_prometheus(self.prometheus_port)
 
     def count(self, name: str, n: int = 1):
         self.metrics.count(name, n)
@@ -66,6 +70,7 @@ class Worker:
         self.stop_event = asyncio.Event()
         self.nc = await L.connect(self.url, self.creds, name=f"streamtrace-worker-{self.id}",
                                   reconnected_cb=self._reconnected)
+        self._build()             # after connecting: wrong credentials fail fast, before compiling
         self.js = self.nc.jetstream(timeout=5.0)
         self.P = await L.ensure_log(self.js, self.partitions)
         self.leases = LeaseTable(await self.js.key_value(L.LEASES), self.id, self.lease_ttl)
