@@ -16,7 +16,7 @@ pytest.importorskip("nats", reason="pip install 'streamtrace[cluster]' (make tes
 from streamtrace import wire                                            # noqa: E402
 from streamtrace.cluster import ClusterClient, NatsServer, assign      # noqa: E402
 from streamtrace.cluster import log as L                                # noqa: E402
-from streamtrace.cluster.server import find_server_binary              # noqa: E402
+from streamtrace.cluster.server import find_server_binary, free_port   # noqa: E402
 
 import cluster_harness as H                                             # noqa: E402
 
@@ -45,7 +45,6 @@ def test_assignment_moves_few_partitions_when_one_joins():
     after = assign(64, ["a", "b", "c", "d"])
     moved = sum(1 for k in range(64) if before[k] != after[k])
     assert 16 <= moved <= 24          # d's share (16) plus a few to rebalance the quotas, not a reshuffle
-    assert all(after[k] == before[k] for k in range(64) if after[k] != "d") or moved <= 24
 
 
 # ---- leases (real server) -----------------------------------------------------------------
@@ -158,8 +157,8 @@ def test_join_leave_and_broker_restart_lose_nothing(tmp_path):
     cfg = H.config(tmp_path)
     data = H.signals(10, 32)
     ref_preds, ref_states = H.reference(cfg, data)
-    port = H_port = __import__("streamtrace.cluster.server", fromlist=["free_port"]).free_port()
-    srv = NatsServer(port=H_port, store_dir=str(tmp_path / "store")).start()
+    port = free_port()
+    srv = NatsServer(port=port, store_dir=str(tmp_path / "store")).start()
     workers = [H.start_worker(srv.url, cfg, wait=False) for _ in range(2)]
     for w in workers:
         H.wait_joined(w)
@@ -195,6 +194,7 @@ def test_bad_messages_are_refused_and_the_partition_keeps_flowing(tmp_path):
     and the workers' counters balance with what was sent."""
     cfg = H.config(tmp_path)
     srv = NatsServer(token="s3cret", store_dir=str(tmp_path / "store")).start()
+    worker = None
     try:
         with pytest.raises(ConnectionError, match="Authorization"):
             ClusterClient(srv.url)
@@ -223,4 +223,5 @@ def test_bad_messages_are_refused_and_the_partition_keeps_flowing(tmp_path):
         assert sum(1 for p in st["partitions"] if p["owner"] != "-") == H.P
         assert H.terminate([worker]) == [0]
     finally:
+        H.terminate([worker] if worker else [])
         srv.kill()

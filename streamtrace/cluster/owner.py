@@ -132,6 +132,8 @@ class PartitionOwner:
         if seq <= self.applied:            # delivered again (after ack_wait): already in the state
             self.w.count("redelivered_skipped")
             return
+        if time.monotonic() > self.lease.valid_until - self.w.renew_margin:
+            await self.w.leases.renew(self.lease)   # a long batch on a busy machine: renew inside it
         if not self.lease.valid(time.monotonic()):
             raise _Unsure("lease validity ran out before stepping")
         stream = msg.subject.split(".", 3)[3]
