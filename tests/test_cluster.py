@@ -118,8 +118,8 @@ def test_workers_match_one_engine_through_kill9_and_a_zombie(server, tmp_path):
         want = {(n, t) for n in data for t in range(36)}
         H.send_steps(client, data, 0, 12)
         got = H.collect(client, {(n, t) for n in data for t in range(12)})
-        workers[0].kill()                                    # kill -9 mid-run
         H.send_steps(client, data, 12, 24)
+        workers[0].kill()                                    # kill -9 mid-run, steps in flight
         got.update(H.collect(client, {(n, t) for n in data for t in range(12, 24)}))
         os.kill(workers[1].pid, signal.SIGSTOP)              # the zombie: paused past its lease
         H.send_steps(client, data, 24, 30)
@@ -148,7 +148,6 @@ def test_workers_match_one_engine_through_kill9_and_a_zombie(server, tmp_path):
         H.terminate(workers)
     assert set(got) == want
     H.assert_same(got, ref_preds, states, ref_states)
-    assert client.duplicates > 0        # the replays after the kill answered some steps again
 
 
 def test_join_leave_and_broker_restart_lose_nothing(tmp_path):
