@@ -49,6 +49,22 @@ def echo_latency(url: str, n: int) -> np.ndarray:
     return np.asarray(out)
 
 
+def engine_step(cfg_path, n: int) -> np.ndarray:
+    """The worker's own share: one message through Stepper.step in this process (no NATS)."""
+    from streamtrace import wire
+    from streamtrace.cluster.stepper import Stepper
+    from streamtrace.engine.config import load_config
+    st = Stepper(load_config(cfg_path))
+    st.warmup()
+    x, out = np.array([0.3], np.float32), []
+    for i in range(n + 20):
+        raw = wire.data_message("e", i, x)
+        t = time.perf_counter()
+        st.step(raw, "e")
+        out.append(time.perf_counter() - t)
+    return np.asarray(out[20:])
+
+
 def step_latency(url: str, n: int) -> np.ndarray:
     c = ClusterClient(url, stream="lat")
     x = np.array([0.3], np.float32)
@@ -63,12 +79,12 @@ def step_latency(url: str, n: int) -> np.ndarray:
     return np.asarray(out)
 
 
-def throughput(url: str, streams: int, steps: int) -> float:
+def throughput(url: str, streams: int, steps: int, tag: str) -> float:
     c = ClusterClient(url, timeout_s=60)
-    data = H.signals(streams, steps)
+    data = {f"{tag}{k}": v for k, v in H.signals(streams, steps).items()}
     t = time.perf_counter()
-    H.send_steps(c, {f"t{k}": v for k, v in data.items()}, 0, steps)
-    H.collect(c, {(f"t{k}", s) for k in data for s in range(steps)}, 120)
+    H.send_steps(c, data, 0, steps)
+    H.collect(c, {(k, s) for k in data for s in range(steps)}, 120)
     dt = time.perf_counter() - t
     c.close()
     return streams * steps / dt
@@ -105,27 +121,32 @@ def main():
     ap.add_argument("--steps", type=int, default=100)
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="streamtrace-bench-cluster-"))
-    cfg = H.config(tmp)
+    cfg = H.config(tmp, slots=64)    # every stream of the run holds a slot while its partition is owned
     srv = NatsServer(store_dir=str(tmp / "store")).start()
-    procs = []
+    procs, logs = [], []
     try:
         echo = echo_latency(srv.url, args.samples)
-        w = H.start_worker(srv.url, cfg, wait=False)
-        procs.append((w, H.wait_joined(w)))
+        eng = engine_step(cfg, args.samples)
+        w = H.start_worker(srv.url, cfg, "-v", wait=False)
+        procs.append((w, H.wait_joined(w, sink=logs)))
         time.sleep(2)
-        r1 = throughput(srv.url, args.streams, args.steps)
+        r1 = throughput(srv.url, args.streams, args.steps, "one")
         lat = step_latency(srv.url, args.samples)
         print(f"latency p50/p99 us: cluster step {np.percentile(lat, 50) * 1e6:.0f}/{np.percentile(lat, 99) * 1e6:.0f}, "
               f"bare NATS echo {np.percentile(echo, 50) * 1e6:.0f}/{np.percentile(echo, 99) * 1e6:.0f}, "
-              f"ratio p50 {np.percentile(lat, 50) / np.percentile(echo, 50):.2f}x", flush=True)
-        w = H.start_worker(srv.url, cfg, wait=False)
-        procs.append((w, H.wait_joined(w)))
+              f"ratio p50 {np.percentile(lat, 50) / np.percentile(echo, 50):.2f}x; the engine step alone "
+              f"(in process) {np.percentile(eng, 50) * 1e6:.0f} us", flush=True)
+        w = H.start_worker(srv.url, cfg, "-v", wait=False)
+        procs.append((w, H.wait_joined(w, sink=logs)))
         time.sleep(3 * H.TTL)
-        r2 = throughput(srv.url, args.streams, args.steps)
+        r2 = throughput(srv.url, args.streams, args.steps, "two")
         print(f"steps/s ({args.streams} streams, pipelined): 1 worker {r1:.0f}, 2 workers {r2:.0f} "
               f"(2 cores shared with nats-server and the client: {os.cpu_count()} CPUs here)", flush=True)
         print(f"failover (kill -9 -> first answer from the new owner, lease ttl {H.TTL} s): "
               f"{failover(srv.url, procs):.2f} s", flush=True)
+    except BaseException:
+        sys.stderr.write("worker logs:\n" + "".join(logs[-60:]))
+        raise
     finally:
         H.terminate([p for p, _ in procs])
         srv.kill()

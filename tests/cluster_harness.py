@@ -62,17 +62,31 @@ def start_worker(url: str, cfg_path: Path, *extra: str, wait: bool = True) -> su
     return proc
 
 
-def wait_joined(proc, timeout_s: float = 120.0) -> str:
-    got = []
-    t = threading.Thread(target=lambda: got.append(proc.stdout.readline()), daemon=True)
-    t.start()
-    t.join(timeout_s)
-    line = got[0] if got else ""
-    if "joined" not in line:
-        proc.kill()
-        raise AssertionError(f"worker did not join within {timeout_s} s: {line!r} {proc.stdout.read() if got else ''}")
-    threading.Thread(target=proc.stdout.read, daemon=True).start()    # keep its pipe drained
-    return line.split()[2].rstrip(":")
+def wait_joined(proc, timeout_s: float = 120.0, sink: list | None = None) -> str:
+    """The worker's id, once it printed that it joined; its output keeps being drained (into ``sink``)."""
+    import queue
+    lines: queue.Queue = queue.Queue()
+
+    def drain():
+        for line in proc.stdout:
+            lines.put(line)
+            if sink is not None:
+                sink.append(line)
+        lines.put(None)
+    threading.Thread(target=drain, daemon=True).start()
+    deadline, seen = time.monotonic() + timeout_s, []
+    while time.monotonic() < deadline:
+        try:
+            line = lines.get(timeout=max(deadline - time.monotonic(), 0.01))
+        except queue.Empty:
+            break
+        if line is None:
+            break
+        seen.append(line)
+        if "joined" in line:
+            return line.split("joined")[0].split()[-1].rstrip(":")
+    proc.kill()
+    raise AssertionError(f"worker did not join within {timeout_s} s (exit {proc.poll()}): {''.join(seen[-20:])}")
 
 
 def send_steps(client, data: dict, t0: int, t1: int):
