@@ -17,6 +17,7 @@ import time
 
 from . import log as L
 from .lease import Lease, LeaseLost
+from .pull import Puller
 
 __all__ = ["PartitionOwner"]
 
@@ -63,14 +64,12 @@ class PartitionOwner:
             opt_start_seq=self.applied + 1, ack_policy=AckPolicy.ALL, ack_wait=60.0, max_ack_pending=-1,
             inactive_threshold=30.0))
         self.consumer = name
-        self.psub = await js.pull_subscribe_bind(consumer=name, stream=L.LOG_STREAM)
+        self.psub = Puller(self.w.nc, L.LOG_STREAM, name, expires_s=max(self.w.poll_s * 4, 1.0))
+        await self.psub.start()
 
     async def _unsubscribe(self):
         if self.psub is not None:
-            try:
-                await self.psub.unsubscribe()
-            except Exception:  # noqa: BLE001 - a broker that went away takes the subscription with it
-                pass
+            await self.psub.stop()
             self.psub = None
 
     # ---- following the log --------------------------------------------------------------
@@ -114,13 +113,7 @@ class PartitionOwner:
             raise _Unsure("no subscription")
         if now > self.lease.valid_until - self.w.renew_margin:
             await self.w.leases.renew(self.lease)
-        try:
-            msgs = await self.psub.fetch(1, timeout=self.w.poll_s)
-            pending = msgs[-1].metadata.num_pending
-            if pending:   # a backlog (a replay, a burst): take what is there without a long poll
-                msgs += await self.psub.fetch(min(pending, 256), timeout=self.w.poll_s)
-        except asyncio.TimeoutError:
-            msgs = []
+        msgs = await self.psub.next_batch(self.w.poll_s)
         for msg in msgs:
             await self._apply(msg)
         if self.since_ckpt >= self.w.ckpt_every or (
