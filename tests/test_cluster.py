@@ -6,6 +6,8 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -200,7 +202,8 @@ def test_bad_messages_are_refused_and_the_partition_keeps_flowing(tmp_path):
         intruder = H.start_worker(srv.url, cfg, wait=False)
         assert intruder.wait(120) == 2
         assert "Authorization" in intruder.stdout.read()
-        worker = H.start_worker(srv.url, cfg, "--token", "s3cret")
+        prom = free_port()
+        worker = H.start_worker(srv.url, cfg, "--token", "s3cret", "--prometheus-port", str(prom))
         with ClusterClient(srv.url, stream="good", timeout_s=30, creds=L.Credentials(token="s3cret")) as c:
             x = np.array([0.5], np.float32)
             assert c.step(x)["seq"] == 0
@@ -220,7 +223,32 @@ def test_bad_messages_are_refused_and_the_partition_keeps_flowing(tmp_path):
         counters = next(iter(st["workers"].values()))["counters"]
         assert (counters["published"], counters["refused"]) == (3, len(bad))
         assert sum(1 for p in st["partitions"] if p["owner"] != "-") == H.P
+        import urllib.request
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{prom}/metrics", timeout=10).read().decode()
+        assert 'streamtrace_events_total{event="published"} 3.0' in metrics
+        out = subprocess.run([sys.executable, "-m", "streamtrace", "cluster", "status", "--nats", srv.url,
+                              "--token", "s3cret"], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0 and "1 worker(s)" in out.stdout and "published 3" in out.stdout, out
         assert H.terminate([worker]) == [0]
     finally:
         H.terminate([worker] if worker else [])
         srv.kill()
+
+
+def test_client_hands_each_answer_over_once(server):
+    """A replayed answer (same stream and seq, higher epoch) reaches the caller once; an error
+    and a later prediction for the same seq (a refused step resent) both do."""
+    with ClusterClient(server.url, stream="d", timeout_s=10) as c:
+        c.send_raw(b"", stream="d")          # subscribes to d's answers (nobody consumes the log here)
+        pred = wire.PredictionEncoder()("d", 0, np.zeros(1, np.float32), 0.5, 1, 0, 0.0)
+        err = wire.encode({"type": "error", "code": "bad_shape", "message": "x", "stream": "d", "seq": 1})
+        for body, epoch in ((pred, 1), (pred, 2), (err, 1), (err, 2)):
+            c._call(c.nc.publish(L.out_subject("d"), body, headers={"St-Epoch": str(epoch)}))
+        got = [c.recv(5.0), c.recv(5.0)]
+        assert [(a["type"], a["seq"], a["epoch"]) for a in got] == [("prediction", 0, 1), ("error", 1, 1)]
+        with pytest.raises(TimeoutError):
+            c.recv(0.5)
+        assert c.duplicates == 2
+        c._call(c.nc.publish(L.out_subject("d"), wire.PredictionEncoder()("d", 1, np.ones(1, np.float32), 0.1, 2, 0,
+                                                                         0.0)))
+        assert c.recv(5.0)["seq"] == 1        # the resent step's prediction is not a duplicate of its error
