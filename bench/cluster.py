@@ -114,12 +114,53 @@ def failover(url: str, workers, streams: int = 8) -> float:
     return min(firsts) - t_kill
 
 
+def headline(streams: int, steps: int, kill: bool):
+    """The issue's headline: 3 workers, streams x steps through NATS (optionally a kill -9 of one
+    worker halfway): every step answered once after de-duplication, every prediction and final
+    state bit-identical to one engine fed the same streams one message per call."""
+    tmp = Path(tempfile.mkdtemp(prefix="streamtrace-bench-headline-"))
+    cfg = H.config(tmp, slots=streams + 8)
+    data = H.signals(streams, steps)
+    t = time.perf_counter()
+    ref_preds, ref_states = H.reference(cfg, data)
+    print(f"reference: one engine, {streams * steps} steps in {time.perf_counter() - t:.0f} s", flush=True)
+    srv = NatsServer(store_dir=str(tmp / "store")).start()
+    procs = [H.start_worker(srv.url, cfg, wait=False) for _ in range(3)]
+    try:
+        for p in procs:
+            H.wait_joined(p)
+        time.sleep(3 * H.TTL)
+        c = ClusterClient(srv.url, timeout_s=60)
+        t = time.perf_counter()
+        got = {}
+        for t0 in range(0, steps, 50):
+            H.send_steps(c, data, t0, min(t0 + 50, steps))
+            if kill and t0 == steps // 2 // 50 * 50:
+                procs[0].kill()
+            got.update(H.collect(c, {(n, s) for n in data for s in range(t0, min(t0 + 50, steps))}, 600))
+        dt = time.perf_counter() - t
+        assert H.terminate(procs[1:] if kill else procs) == [0] * (2 if kill else 3)
+        states = H.final_states(srv.url, cfg)
+        H.assert_same(got, ref_preds, states, ref_states)
+        print(f"headline: 3 workers{' (one killed -9 halfway)' if kill else ''}, {streams} streams x {steps} steps: "
+              f"{len(got)} answered once ({c.duplicates} duplicates dropped), {len(got) / dt:.0f} steps/s, every "
+              "prediction and final state bit-identical to one engine", flush=True)
+        c.close()
+    finally:
+        H.terminate(procs)
+        srv.kill()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--samples", type=int, default=500)
     ap.add_argument("--streams", type=int, default=8)
     ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--headline", action="store_true", help="3 workers, --streams x --steps, compared with one engine")
+    ap.add_argument("--kill", action="store_true", help="with --headline: kill -9 one worker halfway")
     args = ap.parse_args()
+    if args.headline:
+        return headline(args.streams, args.steps, args.kill)
     tmp = Path(tempfile.mkdtemp(prefix="streamtrace-bench-cluster-"))
     cfg = H.config(tmp, slots=64)    # every stream of the run holds a slot while its partition is owned
     srv = NatsServer(store_dir=str(tmp / "store")).start()

@@ -89,6 +89,31 @@ def wait_joined(proc, timeout_s: float = 120.0, sink: list | None = None) -> str
     raise AssertionError(f"worker did not join within {timeout_s} s (exit {proc.poll()}): {''.join(seen[-20:])}")
 
 
+def wait_balanced(url: str, workers: int, timeout_s: float = 60.0, creds=None) -> dict:
+    """Partition counts per owner once every partition is owned by one of ``workers`` live
+    workers and the spread is even (max - min <= 1); fails after ``timeout_s``."""
+    import asyncio
+
+    from streamtrace.cluster import log as L
+    from streamtrace.cluster.status import gather
+
+    async def look():
+        nc = await L.connect(url, creds)
+        try:
+            return await gather(nc)
+        finally:
+            await nc.close()
+    deadline, counts = time.monotonic() + timeout_s, {}
+    while time.monotonic() < deadline:
+        st = asyncio.run(look())
+        owners = [p["owner"] for p in st["partitions"]]
+        counts = {w: owners.count(w) for w in set(owners)}
+        if "-" not in counts and len(counts) == workers and max(counts.values()) - min(counts.values()) <= 1:
+            return counts
+        time.sleep(0.3)
+    raise AssertionError(f"partitions not spread evenly over {workers} workers within {timeout_s} s: {counts}")
+
+
 def send_steps(client, data: dict, t0: int, t1: int):
     for t in range(t0, t1):
         for name, xs in data.items():

@@ -112,8 +112,11 @@ def test_workers_match_one_engine_through_kill9_and_a_zombie(server, tmp_path):
     cfg = H.config(tmp_path)
     data = H.signals(12, 36)
     ref_preds, ref_states = H.reference(cfg, data)
-    workers = [H.start_worker(server.url, cfg, wait=False) for _ in range(3)]
+    # no checkpoint before the workers leave: a failover replays from the start, so it must answer again
+    workers = [H.start_worker(server.url, cfg, "--checkpoint-every", "100000", "--checkpoint-interval", "600",
+                              wait=False) for _ in range(3)]
     ids = [H.wait_joined(w) for w in workers]
+    assert sorted(H.wait_balanced(server.url, 3).values()) == [2, 3, 3]
     client = ClusterClient(server.url, timeout_s=30)
     client.trace = []
     try:
@@ -150,6 +153,7 @@ def test_workers_match_one_engine_through_kill9_and_a_zombie(server, tmp_path):
         H.terminate(workers)
     assert set(got) == want
     H.assert_same(got, ref_preds, states, ref_states)
+    assert client.duplicates > 0        # the replays answered steps again; the caller saw each once
 
 
 def test_join_leave_and_broker_restart_lose_nothing(tmp_path):
@@ -163,17 +167,20 @@ def test_join_leave_and_broker_restart_lose_nothing(tmp_path):
     workers = [H.start_worker(srv.url, cfg, wait=False) for _ in range(2)]
     for w in workers:
         H.wait_joined(w)
+    assert sorted(H.wait_balanced(srv.url, 2).values()) == [4, 4]
     client = ClusterClient(srv.url, timeout_s=30)
     try:
         got = {}
         H.send_steps(client, data, 0, 8)
         got.update(H.collect(client, {(n, t) for n in data for t in range(8)}))
         workers.append(H.start_worker(srv.url, cfg))                  # joins mid-run
-        H.send_steps(client, data, 8, 16)
+        H.send_steps(client, data, 8, 12)
+        assert sorted(H.wait_balanced(srv.url, 3).values()) == [2, 3, 3]
+        H.send_steps(client, data, 12, 16)
         got.update(H.collect(client, {(n, t) for n in data for t in range(8, 16)}))
-        time.sleep(2 * H.TTL)
         workers[0].terminate()                                         # leaves: checkpoint, release, exit 0
         assert workers[0].wait(60) == 0
+        assert sorted(H.wait_balanced(srv.url, 2).values()) == [4, 4]
         H.send_steps(client, data, 16, 24)
         got.update(H.collect(client, {(n, t) for n in data for t in range(16, 24)}))
         srv.kill()                                                     # the broker dies and comes back

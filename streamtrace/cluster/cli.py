@@ -38,7 +38,8 @@ def cmd_worker(args) -> int:
     try:
         cfg = load_config(args.config)
         return run_worker(args.nats, cfg, creds=_creds(args), partitions=args.partitions, lease_ttl_s=args.lease_ttl,
-                          ckpt_every=args.checkpoint_every, prometheus_port=args.prometheus_port)
+                          ckpt_every=args.checkpoint_every, ckpt_interval_s=args.checkpoint_interval,
+                          prometheus_port=args.prometheus_port)
     except ConfigError as e:
         print("config error: " + " ".join(str(e).split()), file=sys.stderr)
         return 2
@@ -102,6 +103,8 @@ def add_parsers(sub):
     p.add_argument("--partitions", type=int, default=None, help="P, when this worker creates the log (default 16)")
     p.add_argument("--lease-ttl", type=float, default=3.0, help="seconds a silent owner keeps its partitions")
     p.add_argument("--checkpoint-every", type=int, default=200, help="messages per partition between checkpoints")
+    p.add_argument("--checkpoint-interval", type=float, default=1.0, help="seconds at most between a "
+                   "partition's checkpoints while it has new steps (what a failover replays)")
     p.add_argument("--prometheus-port", type=int, default=0, help="serve Prometheus metrics on 127.0.0.1 (0: off)")
     p.add_argument("-v", "--verbose", action="store_true")
     _credential_args(p)
