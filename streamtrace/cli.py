@@ -381,6 +381,8 @@ def main(argv=None) -> int:
     p.add_argument("file", help="a .csv (header row optional), .npy or .parquet file; one row per time step")
     p.add_argument("--endpoint", default=None, help="the engine's router (default tcp://127.0.0.1:5555, "
                                                    "or sockets.router of --serve's config)")
+    p.add_argument("--nats", default=None, metavar="URL", help="send to a cluster through NATS instead "
+                   "(nats://[token@]host:port; streamtrace[cluster])")
     p.add_argument("--stream", default=None, help="stream id (default: the file name without suffix)")
     p.add_argument("--columns", default=None, help="input columns, by name or position: a,b (default: "
                                                   "every numeric column but the time and target columns)")

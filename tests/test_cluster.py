@@ -228,7 +228,7 @@ def test_bad_messages_are_refused_and_the_partition_keeps_flowing(tmp_path):
             from streamtrace.cluster.status import gather
             st = c._call(gather(c.nc))
         counters = next(iter(st["workers"].values()))["counters"]
-        assert (counters["published"], counters["refused"]) == (3, len(bad))
+        assert (counters["published"], counters["refused"]) == (3, len(bad))     # before the replay below
         assert sum(1 for p in st["partitions"] if p["owner"] != "-") == H.P
         import urllib.request
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{prom}/metrics", timeout=10).read().decode()
@@ -236,6 +236,12 @@ def test_bad_messages_are_refused_and_the_partition_keeps_flowing(tmp_path):
         out = subprocess.run([sys.executable, "-m", "streamtrace", "cluster", "status", "--nats", srv.url,
                               "--token", "s3cret"], capture_output=True, text=True, timeout=120)
         assert out.returncode == 0 and "1 worker(s)" in out.stdout and "published 3" in out.stdout, out
+        csv = tmp_path / "rows.csv"
+        csv.write_text("\n".join(str(v) for v in np.sin(np.arange(30) / 4)) + "\n")
+        out = subprocess.run([sys.executable, "-m", "streamtrace", "replay", str(csv), "--nats",
+                              srv.url.replace("nats://", "nats://s3cret@"), "--timeout", "30"],
+                             capture_output=True, text=True, timeout=180)
+        assert out.returncode == 0 and json.loads(out.stdout.splitlines()[-1])["steps"] == 30, out
         assert H.terminate([worker]) == [0]
     finally:
         H.terminate([worker] if worker else [])
