@@ -89,9 +89,8 @@ def wait_joined(proc, timeout_s: float = 120.0, sink: list | None = None) -> str
     raise AssertionError(f"worker did not join within {timeout_s} s (exit {proc.poll()}): {''.join(seen[-20:])}")
 
 
-def wait_balanced(url: str, workers: int, timeout_s: float = 60.0, creds=None) -> dict:
-    """Partition counts per owner once every partition is owned by one of ``workers`` live
-    workers and the spread is even (max - min <= 1); fails after ``timeout_s``."""
+def status(url: str, creds=None) -> dict:
+    """What ``streamtrace cluster status`` shows, as data."""
     import asyncio
 
     from streamtrace.cluster import log as L
@@ -103,9 +102,15 @@ def wait_balanced(url: str, workers: int, timeout_s: float = 60.0, creds=None) -
             return await gather(nc)
         finally:
             await nc.close()
+    return asyncio.run(look())
+
+
+def wait_balanced(url: str, workers: int, timeout_s: float = 60.0, creds=None) -> dict:
+    """Partition counts per owner once every partition is owned by one of ``workers`` live
+    workers and the spread is even (max - min <= 1); fails after ``timeout_s``."""
     deadline, counts = time.monotonic() + timeout_s, {}
     while time.monotonic() < deadline:
-        st = asyncio.run(look())
+        st = status(url, creds)
         owners = [p["owner"] for p in st["partitions"]]
         counts = {w: owners.count(w) for w in set(owners)}
         if "-" not in counts and len(counts) == workers and max(counts.values()) - min(counts.values()) <= 1:

@@ -135,6 +135,8 @@ def test_workers_match_one_engine_through_kill9_and_a_zombie(server, tmp_path):
         H.send_steps(client, data, 30, 36)
         got.update(H.collect(client, want - set(got)))
         time.sleep(2 * H.TTL)
+        zombie = H.status(server.url)["workers"][ids[1]]["counters"]
+        assert zombie["leases_lost"] >= 1, zombie          # it found out by a refused compare-and-set
         codes = H.terminate(workers[1:])
         assert codes == [0, 0], codes
         # nothing from the zombie's old epochs once it had been awake a moment (its buffered
@@ -187,6 +189,8 @@ def test_join_leave_and_broker_restart_lose_nothing(tmp_path):
         srv = NatsServer(port=port, store_dir=str(tmp_path / "store")).start()
         H.send_steps(client, data, 24, 32)
         got.update(H.collect(client, {(n, t) for n in data for t in range(24, 32)}, deadline_s=90))
+        for p in H.status(srv.url)["partitions"]:    # acked only what a committed checkpoint covers
+            assert p["acked_seq"] is None or p["acked_seq"] <= p["checkpoint_seq"], p
         assert H.terminate(workers[1:]) == [0, 0]
         states = H.final_states(srv.url, cfg)
     finally:

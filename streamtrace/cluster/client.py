@@ -23,10 +23,11 @@ __all__ = ["ClusterClient"]
 
 class ClusterClient:
     def __init__(self, url: str, *, stream: str = "sensor-0", start_seq: int = 0, timeout_s: float = 10.0,
-                 creds: L.Credentials | None = None):
+                 creds: L.Credentials | None = None, dedup_window: int = 100_000):
         self.url, self.stream, self.timeout_s = url, L.check_stream_id(stream), timeout_s
         self.seqs: dict[str, int] = {stream: start_seq}
-        self.answered: dict[str, set] = {}     # per stream: seqs handed to the caller
+        self.answered: dict[str, set] = {}     # per stream: (code or "prediction", seq) handed to the caller
+        self.dedup_window = dedup_window       # a replay never reaches further back than this many steps
         self.duplicates = 0
         self.trace: list | None = None         # set to a list: every answer's (time, headers) before de-duplication
         self.inbox: queue.Queue = queue.Queue()
@@ -80,6 +81,9 @@ class ClusterClient:
                 self.duplicates += 1
                 return
             seen.add(key)
+            if len(seen) > 2 * self.dedup_window:      # bounded: forget answers far behind the newest
+                floor = max(s for _, s in seen if isinstance(s, int)) - self.dedup_window
+                self.answered[stream] = {k for k in seen if not isinstance(k[1], int) or k[1] >= floor}
         answer["epoch"] = int(msg.headers.get("St-Epoch", 0)) if msg.headers else 0
         answer["worker"] = msg.headers.get("St-Worker") if msg.headers else None
         self.inbox.put(answer)
