@@ -269,3 +269,11 @@ def test_client_hands_each_answer_over_once(server):
         c._call(c.nc.publish(L.out_subject("d"), wire.PredictionEncoder()("d", 1, np.ones(1, np.float32), 0.1, 2, 0,
                                                                          0.0)))
         assert c.recv(5.0)["seq"] == 1        # the resent step's prediction is not a duplicate of its error
+
+
+def test_a_server_beyond_loopback_needs_credentials():
+    from streamtrace.cluster.server import ServerError
+    with pytest.raises(ServerError, match="without credentials"):
+        NatsServer(host="0.0.0.0")
+    NatsServer(host="0.0.0.0", token="t")                 # constructed, not started
+    NatsServer(host="0.0.0.0", allow_anonymous=True)      # allowed, logged loudly
