@@ -215,9 +215,11 @@ def _score(result: ReplayResult, rows: Rows, window: int):
 
 def replay(path: str | Path, endpoint: str = DEFAULT_ENDPOINT, *, stream: str | None = None, columns=None,
            target_columns=None, time_column: str | None = None, rate: float | None = None,
-           realtime: bool = False, window: int = 0, timeout_s: float = 60.0, progress: bool = False) -> ReplayResult:
+           realtime: bool = False, window: int = 0, timeout_s: float = 60.0, progress: bool = False,
+           nats: str | None = None) -> ReplayResult:
     """Send every good row of ``path`` to the engine at ``endpoint`` and score its answers.
-    With ``target_columns`` the rows carry ``y`` (the engine must be in supervised mode)."""
+    With ``target_columns`` the rows carry ``y`` (the engine must be in supervised mode).
+    With ``nats`` (a URL), to a cluster through NATS instead (streamtrace[cluster])."""
     if rate is not None and realtime:
         raise ReplayError("choose one of --rate and --realtime")
     if realtime and not time_column:
@@ -231,7 +233,11 @@ def replay(path: str | Path, endpoint: str = DEFAULT_ENDPOINT, *, stream: str | 
     bar = ProgressBar(len(table), enabled=progress)
     refused, answered, preds = Counter(), [], []
     t0 = time.perf_counter()
-    with SensorClient(endpoint, stream=stream, timeout_s=timeout_s) as client:
+    if nats:
+        from streamtrace.cluster.client import ClusterClient
+        endpoint = nats
+    with (ClusterClient(nats, stream=stream, timeout_s=timeout_s) if nats else
+          SensorClient(endpoint, stream=stream, timeout_s=timeout_s)) as client:
         for k, i in enumerate(good):
             pacer.wait(k, None if rows.ts is None else rows.ts[i])
             y = None if rows.y is None else rows.y[i]
@@ -331,7 +337,8 @@ def run_cli(args) -> int:
                 raise ReplayError(f"--serve {args.serve}: {e}") from None
         r = replay(args.file, endpoint, stream=args.stream, columns=_split(args.columns),
                    target_columns=_split(args.target_columns), time_column=args.time_column, rate=args.rate,
-                   realtime=args.realtime, window=args.window, timeout_s=args.timeout, progress=True)
+                   realtime=args.realtime, window=args.window, timeout_s=args.timeout, progress=True,
+                   nats=getattr(args, "nats", None))
     except ReplayError as e:
         print(f"replay: {e}", file=sys.stderr)
         return 2

@@ -11,6 +11,7 @@ bench   end-to-end latency: sensor -> engine -> prediction round trips, with a b
 learn   the engine-free online learning demo (one process, loss printed as it falls)
 evaluate  prequential one-step-ahead quality of a config on a task or a CSV/NPY file
 replay  send a recorded CSV/NPY/Parquet file to an engine row by row and score its predictions
+worker, cluster up | status   scale out on NATS JetStream (streamtrace[cluster]; docs/cluster.md)
 """
 from __future__ import annotations
 
@@ -72,6 +73,8 @@ def main(argv=None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parsers(sub)
+    from .cluster.cli import add_parsers as cluster_parsers   # worker, cluster up | status (streamtrace[cluster])
+    cluster_parsers(sub)
     for name, steps in (("demo", 3000), ("learn", 4000)):
         p = sub.add_parser(name, help={"demo": "an engine and synthetic sensor streams, live progress",
                                        "learn": "the engine-free online learning demo"}[name])
@@ -116,6 +119,8 @@ def main(argv=None) -> int:
     p.add_argument("file", help="a .csv (header row optional), .npy or .parquet file; one row per time step")
     p.add_argument("--endpoint", default=None, help="the engine's router (default tcp://127.0.0.1:5555, "
                                                    "or sockets.router of --serve's config)")
+    p.add_argument("--nats", default=None, metavar="URL", help="send to a cluster through NATS instead "
+                   "(nats://[token@]host:port; streamtrace[cluster])")
     p.add_argument("--stream", default=None, help="stream id (default: the file name without suffix)")
     p.add_argument("--columns", default=None, help="input columns, by name or position: a,b (default: "
                                                   "every numeric column but the time and target columns)")

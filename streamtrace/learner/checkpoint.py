@@ -19,7 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["CheckpointError", "write_checkpoint", "read_checkpoint", "CheckpointDir"]
+__all__ = ["CheckpointError", "write_checkpoint", "read_checkpoint", "checkpoint_bytes", "loads_checkpoint",
+           "CheckpointDir"]
 
 FORMAT = "streamtrace-checkpoint"
 VERSION = 1
@@ -45,19 +46,25 @@ def _digest(arrays: dict) -> str:
     return h.hexdigest()
 
 
-def write_checkpoint(path, arrays: dict, signature: dict, extra: dict | None = None) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+def checkpoint_bytes(arrays: dict, signature: dict, extra: dict | None = None) -> bytes:
+    """A checkpoint's bytes (what ``write_checkpoint`` writes; the cluster stores them in NATS)."""
     if any(n == _META for n in arrays):
         raise ValueError(f"'{_META}' is reserved")
     header = {"format": FORMAT, "version": VERSION, "signature": signature,
               "sha256": _digest(arrays), "extra": extra or {}}
     buf = io.BytesIO()
     np.savez(buf, **{_META: np.frombuffer(json.dumps(header).encode(), np.uint8)}, **arrays)
+    return buf.getvalue()
+
+
+def write_checkpoint(path, arrays: dict, signature: dict, extra: dict | None = None) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    raw = checkpoint_bytes(arrays, signature, extra)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(buf.getvalue())
+            f.write(raw)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -78,9 +85,17 @@ def read_checkpoint(path, expect_signature: dict | None = None) -> tuple[dict, d
     read the file is one (zipfile, zlib, numpy and json raise many kinds on damaged bytes).
     With ``expect_signature``, a file of another model is refused; different optimizer
     settings are allowed, logged and listed in ``header["warnings"]``."""
-    path = Path(path)
+    return _read(Path(path), path, expect_signature)
+
+
+def loads_checkpoint(raw: bytes, name: str, expect_signature: dict | None = None) -> tuple[dict, dict]:
+    """``read_checkpoint`` of bytes (``checkpoint_bytes``); ``name`` labels the errors."""
+    return _read(io.BytesIO(raw), name, expect_signature)
+
+
+def _read(source, path, expect_signature):
     try:
-        loaded = np.load(path, allow_pickle=False)
+        loaded = np.load(source, allow_pickle=False)
         if not isinstance(loaded, np.lib.npyio.NpzFile):
             raise CheckpointError(f"{path}: not a streamtrace checkpoint (a bare .npy array, not an archive)")
         with loaded as z:

@@ -1,0 +1,128 @@
+"""The cluster's commands: ``streamtrace worker`` and ``streamtrace cluster up | status``."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import subprocess
+import sys
+import time
+
+__all__ = ["add_parsers"]
+
+
+def _credential_args(p):
+    g = p.add_argument_group("NATS credentials and TLS")
+    g.add_argument("--token", default=None)
+    g.add_argument("--user", default=None)
+    g.add_argument("--password", default=None)
+    g.add_argument("--creds", default=None, help="a .creds file (JWT + nkey)")
+    g.add_argument("--nkey", default=None, help="a file holding an nkey seed")
+    g.add_argument("--tls-ca", default=None)
+    g.add_argument("--tls-cert", default=None)
+    g.add_argument("--tls-key", default=None)
+
+
+def _creds(args):
+    from .log import Credentials
+    return Credentials(args.token, args.user, args.password, args.creds, args.nkey, args.tls_ca, args.tls_cert,
+                       args.tls_key)
+
+
+def cmd_worker(args) -> int:
+    from ..engine import ConfigError, load_config
+    from .worker import run_worker
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(name)s %(message)s")
+    try:
+        cfg = load_config(args.config)
+        return run_worker(args.nats, cfg, creds=_creds(args), partitions=args.partitions, lease_ttl_s=args.lease_ttl,
+                          ckpt_every=args.checkpoint_every, ckpt_interval_s=args.checkpoint_interval,
+                          prometheus_port=args.prometheus_port)
+    except ConfigError as e:
+        print("config error: " + " ".join(str(e).split()), file=sys.stderr)
+        return 2
+    except ConnectionError as e:
+        print(f"worker: {e}", file=sys.stderr)
+        return 2
+
+
+def cmd_up(args) -> int:
+    from .server import NatsServer, ServerError
+    try:
+        srv = NatsServer(host=args.host, port=args.port, store_dir=args.store, token=args.token,
+                         allow_anonymous=args.allow_anonymous).start()
+    except ServerError as e:
+        print(f"cluster up: {e}", file=sys.stderr)
+        return 2
+    cmd = [sys.executable, "-m", "streamtrace", "worker", "--nats", srv.url, "--partitions", str(args.partitions)]
+    cmd += ["--config", args.config] if args.config else []
+    cmd += ["--token", args.token] if args.token else []
+    workers = [subprocess.Popen(cmd) for _ in range(args.workers)]
+    print(f"streamtrace cluster: nats-server at {srv.url} (store {srv.store_dir}), {args.workers} worker(s); "
+          "Ctrl-C stops all", flush=True)
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
+    try:
+        while not stop and all(w.poll() is None for w in workers):
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    for w in workers:
+        if w.poll() is None:
+            w.terminate()
+    for w in workers:
+        try:
+            w.wait(30)
+        except subprocess.TimeoutExpired:
+            w.kill()
+    srv.stop()
+    return 0
+
+
+def cmd_status(args) -> int:
+    from .log import connect
+    from .status import format_status, gather
+
+    async def main():
+        nc = await connect(args.nats, _creds(args), name="streamtrace-status")
+        try:
+            return await gather(nc)
+        finally:
+            await nc.close()
+    st = asyncio.run(main())
+    print(json.dumps(st, indent=1) if args.json else format_status(st))
+    return 0
+
+
+def add_parsers(sub):
+    p = sub.add_parser("worker", help="join a NATS JetStream cluster as a worker (streamtrace[cluster])")
+    p.add_argument("--nats", required=True, help="the NATS server URL, e.g. nats://127.0.0.1:4222")
+    p.add_argument("--config", default=None, help="engine TOML (model, learning, engine.slots)")
+    p.add_argument("--partitions", type=int, default=None, help="P, when this worker creates the log (default 16)")
+    p.add_argument("--lease-ttl", type=float, default=3.0, help="seconds a silent owner keeps its partitions")
+    p.add_argument("--checkpoint-every", type=int, default=200, help="messages per partition between checkpoints")
+    p.add_argument("--checkpoint-interval", type=float, default=1.0, help="seconds at most between a "
+                   "partition's checkpoints while it has new steps (what a failover replays)")
+    p.add_argument("--prometheus-port", type=int, default=0, help="serve Prometheus metrics on 127.0.0.1 (0: off)")
+    p.add_argument("-v", "--verbose", action="store_true")
+    _credential_args(p)
+    p.set_defaults(func=cmd_worker)
+    p = sub.add_parser("cluster", help="a local NATS cluster: up, status")
+    cs = p.add_subparsers(dest="action", required=True)
+    up = cs.add_parser("up", help="start nats-server (JetStream) and N workers; Ctrl-C stops all")
+    up.add_argument("--workers", type=int, default=2)
+    up.add_argument("--config", default=None)
+    up.add_argument("--host", default="127.0.0.1", help="bind address (beyond loopback needs --token)")
+    up.add_argument("--port", type=int, default=4222)
+    up.add_argument("--store", default=None, help="JetStream store folder (default: a temp folder)")
+    up.add_argument("--partitions", type=int, default=16)
+    up.add_argument("--token", default=None)
+    up.add_argument("--allow-anonymous", action="store_true", help="bind beyond loopback without credentials")
+    up.set_defaults(func=cmd_up)
+    st = cs.add_parser("status", help="partitions -> owner, epoch, lag, checkpoint age; workers")
+    st.add_argument("--nats", default="nats://127.0.0.1:4222")
+    st.add_argument("--json", action="store_true")
+    _credential_args(st)
+    st.set_defaults(func=cmd_status)

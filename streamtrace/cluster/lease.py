@@ -1,0 +1,112 @@
+"""Partition ownership: leases in a KV bucket, compare-and-set on the KV revision.
+
+A lease is the key ``p.<k>`` holding {owner, epoch, ckpt, seq}: who owns partition k, how
+many owners it has had (the epoch, carried by every prediction), and the checkpoint that
+covers the log up to ``seq``. Every write of an owner is ``update(last=revision)``: the
+server refuses it once anyone else wrote the key, so the KV revision is the fencing token and a
+checkpoint commit by a worker that lost its lease while paused is refused, not applied.
+
+Expiry needs no shared clock: an owner counts its lease valid until (time it *sent* the last
+successful write) + 0.9 ttl; a contender counts it expired once the revision it *saw* has not
+changed for ttl by its own clock. The owner's window closes first, so it stops acting as
+owner (publishing, acking) before anyone can take over.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+__all__ = ["Lease", "LeaseTable", "lease_key", "LeaseLost"]
+
+SAFETY = 0.9
+
+
+class LeaseLost(RuntimeError):
+    """The lease was taken over (a compare-and-set refused): stop acting as owner."""
+
+
+def lease_key(k: int) -> str:
+    return f"p.{k}"
+
+
+@dataclass
+class Lease:
+    partition: int
+    epoch: int
+    revision: int            # the fencing token: the next write must name it
+    valid_until: float       # local monotonic time
+    ckpt: str | None         # object name of the checkpoint covering the log up to seq
+    seq: int                 # last log sequence the checkpoint covers (0: none)
+    ckpt_t: float = 0.0      # wall time of that checkpoint's commit (for `cluster status`)
+
+    def valid(self, now: float) -> bool:
+        return now < self.valid_until
+
+
+class LeaseTable:
+    """Acquire / renew / commit / release leases for one worker."""
+
+    def __init__(self, kv, worker: str, ttl_s: float, clock=time.monotonic):
+        self.kv, self.worker, self.ttl, self.clock = kv, worker, ttl_s, clock
+        self.seen: dict[int, tuple[int, float]] = {}     # partition -> (revision, when first seen)
+
+    def forget_observations(self):
+        """After a reconnect: nobody could renew while the broker was away, so restart the clocks."""
+        self.seen.clear()
+
+    async def read(self, k: int):
+        """(revision, value) of partition k's lease, or (0, None) if never written."""
+        from nats.js.errors import KeyDeletedError, KeyNotFoundError
+        try:
+            e = await self.kv.get(lease_key(k))
+        except (KeyNotFoundError, KeyDeletedError):
+            return 0, None
+        return e.revision, json.loads(e.value)
+
+    def expired(self, k: int, revision: int, now: float) -> bool:
+        rev, first = self.seen.get(k, (None, None))
+        if rev != revision:
+            self.seen[k] = (revision, now)
+            return False
+        return now - first >= self.ttl
+
+    async def try_acquire(self, k: int) -> Lease | None:
+        """The lease if it is free, released or expired (and the compare-and-set wins)."""
+        from nats.js.errors import KeyWrongLastSequenceError
+        now = self.clock()
+        rev, val = await self.read(k)
+        if val is not None and val["owner"] and not self.expired(k, rev, now):
+            return None
+        val = val or {"owner": "", "epoch": 0, "ckpt": None, "seq": 0}
+        new = {"owner": self.worker, "epoch": val["epoch"] + 1, "ckpt": val["ckpt"], "seq": val["seq"],
+               "ckpt_t": val.get("ckpt_t", 0.0), "prev": val["owner"], "t": time.time()}
+        sent = self.clock()
+        try:
+            revision = await self.kv.update(lease_key(k), json.dumps(new).encode(), last=rev)
+        except KeyWrongLastSequenceError:
+            return None
+        return Lease(k, new["epoch"], revision, sent + SAFETY * self.ttl, new["ckpt"], new["seq"], new["ckpt_t"])
+
+    async def _write(self, lease: Lease, owner: str, ckpt: str | None, seq: int):
+        from nats.js.errors import KeyWrongLastSequenceError
+        ckpt_t = time.time() if ckpt != lease.ckpt else lease.ckpt_t
+        val = {"owner": owner, "epoch": lease.epoch, "ckpt": ckpt, "seq": seq, "t": time.time(), "ckpt_t": ckpt_t}
+        sent = self.clock()
+        try:
+            lease.revision = await self.kv.update(lease_key(lease.partition), json.dumps(val).encode(),
+                                                  last=lease.revision)
+        except KeyWrongLastSequenceError:
+            lease.valid_until = 0.0
+            raise LeaseLost(f"partition {lease.partition}: lease (epoch {lease.epoch}) was taken over") from None
+        lease.valid_until = sent + SAFETY * self.ttl
+        lease.ckpt, lease.seq, lease.ckpt_t = ckpt, seq, ckpt_t
+
+    async def renew(self, lease: Lease, ckpt: str | None = None, seq: int | None = None):
+        """Extend the lease; with ckpt/seq also commit a checkpoint. Raises LeaseLost."""
+        await self._write(lease, self.worker, lease.ckpt if ckpt is None else ckpt, lease.seq if seq is None else seq)
+
+    async def release(self, lease: Lease, ckpt: str | None = None, seq: int | None = None):
+        """Hand the partition back (owner ""), with the final checkpoint. Raises LeaseLost."""
+        await self._write(lease, "", lease.ckpt if ckpt is None else ckpt, lease.seq if seq is None else seq)
+        lease.valid_until = 0.0

@@ -1,0 +1,199 @@
+"""Helpers for the cluster tests: a real nats-server on loopback, workers as child processes,
+a single-process reference engine fed the same messages one at a time."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from streamtrace.cli import write_config
+from streamtrace.engine.config import load_config
+from streamtrace.engine.core import EngineCore
+
+P = 8           # partitions
+TTL = 1.5       # lease ttl (s)
+
+
+def config(tmp: Path, slots: int = 16) -> Path:
+    return write_config(tmp / "engine.toml", {
+        "model": {"stack": "gru", "n_in": 1, "n_hidden": 8, "n_out": 1},
+        "learning": {"algorithm": "d-rtrl", "mode": "forecast", "lr": 0.01},
+        "engine": {"slots": slots, "shared_weights": False, "idle_timeout_s": 3600.0}})
+
+
+def signals(streams: int, steps: int):
+    t = np.arange(steps)
+    return {f"s{i}": (np.sin(0.07 * (i + 1) * t + i) + 0.1 * np.cos(0.31 * t)).astype(np.float32)[:, None]
+            for i in range(streams)}
+
+
+def reference(cfg_path: Path, data: dict):
+    """Every (stream, seq)'s prediction and every stream's final slot state from one engine,
+    one message per call, streams interleaved."""
+    from streamtrace import wire
+    from streamtrace.adapters.client import decode_reply
+    core = EngineCore(load_config(cfg_path))
+    preds = {}
+    steps = len(next(iter(data.values())))
+    for t in range(steps):
+        for name, xs in data.items():
+            out = core.ingest(wire.data_message(name, t, xs[t])) or core.tick()
+            body = next(b for _, topic, b in out if topic.startswith(b"pred/"))
+            preds[(name, t)] = decode_reply(body)["pred"]
+    states = {n: dict((jax.tree_util.keystr(p), a) for p, a in
+                      jax.tree_util.tree_flatten_with_path(core.learner.read_slot(st.slot))[0])
+              for n, st in core.streams.items()}
+    return preds, states
+
+
+def start_worker(url: str, cfg_path: Path, *extra: str, wait: bool = True) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "streamtrace", "worker", "--nats", url, "--config", str(cfg_path),
+           "--partitions", str(P), "--lease-ttl", str(TTL), "--checkpoint-every", "20", *extra]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if wait:
+        wait_joined(proc)
+    return proc
+
+
+def wait_joined(proc, timeout_s: float = 120.0, sink: list | None = None) -> str:
+    """The worker's id, once it printed that it joined; its output keeps being drained (into ``sink``)."""
+    import queue
+    lines: queue.Queue = queue.Queue()
+
+    def drain():
+        for line in proc.stdout:
+            lines.put(line)
+            if sink is not None:
+                sink.append(line)
+        lines.put(None)
+    threading.Thread(target=drain, daemon=True).start()
+    deadline, seen = time.monotonic() + timeout_s, []
+    while time.monotonic() < deadline:
+        try:
+            line = lines.get(timeout=max(deadline - time.monotonic(), 0.01))
+        except queue.Empty:
+            break
+        if line is None:
+            break
+        seen.append(line)
+        if "joined" in line:
+            return line.split("joined")[0].split()[-1].rstrip(":")
+    proc.kill()
+    raise AssertionError(f"worker did not join within {timeout_s} s (exit {proc.poll()}): {''.join(seen[-20:])}")
+
+
+def status(url: str, creds=None) -> dict:
+    """What ``streamtrace cluster status`` shows, as data."""
+    import asyncio
+
+    from streamtrace.cluster import log as L
+    from streamtrace.cluster.status import gather
+
+    async def look():
+        nc = await L.connect(url, creds)
+        try:
+            return await gather(nc)
+        finally:
+            await nc.close()
+    return asyncio.run(look())
+
+
+def wait_balanced(url: str, workers: int, timeout_s: float = 60.0, creds=None) -> dict:
+    """Partition counts per owner once every partition is owned by one of ``workers`` live
+    workers and the spread is even (max - min <= 1); fails after ``timeout_s``."""
+    deadline, counts = time.monotonic() + timeout_s, {}
+    while time.monotonic() < deadline:
+        st = status(url, creds)
+        owners = [p["owner"] for p in st["partitions"]]
+        counts = {w: owners.count(w) for w in set(owners)}
+        if "-" not in counts and len(counts) == workers and max(counts.values()) - min(counts.values()) <= 1:
+            return counts
+        time.sleep(0.3)
+    raise AssertionError(f"partitions not spread evenly over {workers} workers within {timeout_s} s: {counts}")
+
+
+def send_steps(client, data: dict, t0: int, t1: int):
+    for t in range(t0, t1):
+        for name, xs in data.items():
+            client.send(xs[t], stream=name, seq=t)
+
+
+def collect(client, want: set, deadline_s: float = 60.0) -> dict:
+    got, deadline = {}, time.monotonic() + deadline_s
+    while want - set(got) and time.monotonic() < deadline:
+        try:
+            a = client.recv(timeout_s=1.0)
+        except TimeoutError:
+            continue
+        assert a["type"] == "prediction", a
+        got[(a["stream"], a["seq"])] = a
+    missing = want - set(got)
+    assert not missing, f"{len(missing)} steps never answered, e.g. {sorted(missing)[:5]}"
+    return got
+
+
+def final_states(url: str, stepper_cfg: Path) -> dict:
+    """Every stream's state from the committed partition checkpoints (the workers released them)."""
+    import asyncio
+    import json
+
+    from streamtrace.cluster import log as L
+    from streamtrace.cluster.lease import lease_key
+    from streamtrace.learner.checkpoint import loads_checkpoint
+
+    async def main():
+        nc = await L.connect(url)
+        js = nc.jetstream()
+        kv, obj = await js.key_value(L.LEASES), await js.object_store(L.CHECKPOINTS)
+        states = {}
+        for k in range(P):
+            v = json.loads((await kv.get(lease_key(k))).value)
+            assert v["owner"] == "", f"partition {k} still owned by {v['owner']} after every worker left"
+            if v["ckpt"]:
+                arrays, header = loads_checkpoint((await obj.get(v["ckpt"])).data, v["ckpt"])
+                for i, (name, _) in enumerate(header["extra"]["streams"]):
+                    n = sum(1 for a in arrays if a.startswith(f"s{i}."))
+                    states[name] = [arrays[f"s{i}.{j}"] for j in range(n)]
+        await nc.close()
+        return states
+    return asyncio.run(main())
+
+
+def assert_same(got: dict, ref_preds: dict, states: dict, ref_states: dict):
+    for key, a in got.items():
+        assert a["pred"].tobytes() == ref_preds[key].tobytes(), f"{key}: {a['pred']} != {ref_preds[key]}"
+    assert set(states) == set(ref_states)
+    for name, leaves in ref_states.items():
+        assert len(states[name]) == len(leaves)
+        for a, (path, b) in zip(states[name], leaves.items()):
+            a, b = np.asarray(a), np.asarray(b)
+            if path == "['stats']['counters']":
+                # [0] counts the calls the slot took part in, active or idle (a statistic: one engine
+                # stepping every stream makes more calls than a worker holding a few); the rest is state
+                a, b = a[1:], b[1:]
+            assert a.tobytes() == b.tobytes(), f"stream {name}: final {path} differs: {a} != {b}"
+
+
+def terminate(procs, timeout_s: float = 60.0) -> list:
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.kill(p.pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+            p.terminate()
+    codes = []
+    for p in procs:
+        try:
+            codes.append(p.wait(timeout_s))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            codes.append("hung")
+    return codes
