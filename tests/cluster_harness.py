@@ -13,7 +13,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from streamtrace.cli import write_config
+from streamtrace.launch import write_config
 from streamtrace.engine.config import load_config
 from streamtrace.engine.core import EngineCore
 
