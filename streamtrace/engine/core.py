@@ -79,6 +79,8 @@ class EngineCore:
         # stream's answers are the same bits however its calls were batched (jax 0.10; 0.12:
         # within float32 rounding). A lone stream goes with an idle slot beside it.
         self.subsets = subset_sizes(self.learner.n) if self.learner.slots else []
+        if self.learner.per_slot and not self.learner.pairs:    # an odd slot count: no pairs, so
+            self.subsets = []                                   # one program, for determinism
         self.ready_subsets = list(self.subsets)
         # Determinism (docs/decisions/determinism.md): every program that may serve a slot
         # must round alike. With subset programs (loops), a call over all slots is a loop too
