@@ -209,8 +209,9 @@ class Engine:
         core, clock = self.core, time.monotonic
         stats_every = self.cfg.publish.stats_every_s
         next_stats = clock() + stats_every
-        if self._warm_thread is None:
-            self.start_warmup()
+        # the other programs compile on a thread once the first answer is out (its tracing holds
+        # the GIL in slices, which would delay that answer) or after a quiet first second
+        warm_at = clock() + 1.0
         deadline = None if max_seconds is None else clock() + max_seconds
         # read at most this much before stepping: one stream's queue then never passes
         # engine.max_pending, and what waits beyond it stays in ZeroMQ (back-pressure)
@@ -255,7 +256,9 @@ class Engine:
                 now = clock()
                 if busy:
                     spin.busy(now)
-                if not self._released and self.warm.is_set():
+                if self._warm_thread is None and (core.steps or now >= warm_at):
+                    self.start_warmup()
+                elif not self._released and self.warm.is_set():
                     self._released = True     # every program compiled: drop what compiling kept
                     release_after_warmup()
                 if now >= next_stats:
