@@ -6,7 +6,6 @@ server bound beyond loopback needs credentials unless ``allow_anonymous`` is set
 """
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 import shutil
@@ -16,6 +15,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from ..addresses import is_loopback
 
 __all__ = ["find_server_binary", "free_port", "NatsServer", "ServerError"]
 
@@ -43,25 +44,16 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 class NatsServer:
     """``start()`` returns once clients can connect; ``stop()`` (SIGTERM, then SIGKILL) and
     ``kill()`` (SIGKILL, the store left as a crash leaves it). The store survives a restart."""
 
     def __init__(self, *, host: str = "127.0.0.1", port: int = 0, store_dir: str | None = None,
                  token: str | None = None, allow_anonymous: bool = False, log_file=None):
-        if not _is_loopback(host) and not token and not allow_anonymous:
+        if not is_loopback(host) and not token and not allow_anonymous:
             raise ServerError(f"refusing to bind nats-server to {host} without credentials: give a token "
                               "(--token) or, to accept anyone who can reach it, --allow-anonymous")
-        if not _is_loopback(host) and not token:
+        if not is_loopback(host) and not token:
             log.warning("*** nats-server on %s WITHOUT credentials: anyone who can reach it can publish and "
                         "read every stream (allow_anonymous) ***", host)
         self.host, self.port = host, port or free_port(host)

@@ -2,7 +2,7 @@
 ``serve --dashboard`` can refuse a bad option before anything starts."""
 from __future__ import annotations
 
-import ipaddress
+from ..addresses import is_loopback
 
 __all__ = ["DashboardError", "check_exposure", "connect_address", "is_loopback"]
 
@@ -13,15 +13,6 @@ class DashboardError(ValueError):
     def __init__(self, option: str, message: str):
         super().__init__(f"{option}: {message}")
         self.option = option
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def check_exposure(host: str, token: str | None, allow_anonymous: bool, announce=print):
