@@ -31,6 +31,7 @@ __all__ = ["Engine", "serve", "open_engine"]
 log = logging.getLogger("streamtrace.engine")
 
 _EVENTS, _POLLIN = zmq.EVENTS, zmq.POLLIN
+WARM_JOIN_S = 60.0      # at close, the longest wait for the program being compiled on the warm-up thread
 MAX_SKIP = 64            # publications of a refused topic counted as dropped without trying, at most
 MAX_REFUSED_TOPICS = 4096
 
@@ -274,6 +275,10 @@ class Engine:
 
     def close(self):
         self._closed = True
+        if self._warm_thread is not None:
+            # a process that exits while XLA compiles on another thread can abort (seen: SIGABRT
+            # at exit, jax 0.12): let the program being compiled finish (the thread stops after it)
+            self._warm_thread.join(WARM_JOIN_S)
         try:
             while self.core.has_pending():
                 self._send(self.core.tick())
