@@ -26,17 +26,11 @@ N_IN, N_OUT = 4, 1
 
 def before(learner):
     """The learner's one-step program as it was compiled before: all slots vmapped."""
-    import jax
     layout, squeeze = learner.layout, learner.slots is None
 
-    def core(state, x, y, active, learn):       # per-slot models were vmapped over the slots
-        if not learner.per_slot:
-            return learner.fns.step(state, x, y, active, learn)
-
-        def one(s, x, y, a, l):
-            s, out, loss, applied = learner.fns.step(s, x[None], y[None], a[None], l[None])
-            return s, out[0], loss[0], applied
-        return jax.vmap(one)(state, x, y, active, learn)
+    def core(state, x, y, active, learn):       # per-slot models were vmapped over all slots
+        step = learner._each_model if learner.per_slot else learner.fns.step
+        return step(state, x, y, active, learn)
 
     def fn(buffers, x, y, active, learn):
         state = layout.unpack(buffers)

@@ -148,6 +148,17 @@ def _zip_regions(raw: bytes):
 
 
 # ---- 1. exact resume -------------------------------------------------------------------
+
+def run_in_fresh_process(script: str, out, tmp_path) -> dict:
+    """Run ``script`` in a new Python process (nothing shared with this one but the files) and
+    return the arrays it saved to ``out``."""
+    env = dict(os.environ, JAX_PLATFORMS=jax.default_backend())
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
+                          timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    with np.load(out, allow_pickle=False) as z:
+        return {k: z[k] for k in z.files}
+
 def test_resume_in_fresh_process_is_bit_identical(tmp_path):
     xs, ys = make_data()
     L = make_learner()
@@ -175,13 +186,7 @@ def test_resume_in_fresh_process_is_bit_identical(tmp_path):
         "arrays.update({'final.' + k: v for k, v in L.state_dict().items()})",
         f"np.savez({str(out)!r}, preds=preds, **arrays)",
     ])
-    env = dict(os.environ, JAX_PLATFORMS=jax.default_backend())
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
-                          timeout=300, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-
-    with np.load(out, allow_pickle=False) as z:
-        got = {k: z[k] for k in z.files}
+    got = run_in_fresh_process(script, out, tmp_path)
     restored = {k[len("restored."):]: v for k, v in got.items() if k.startswith("restored.")}
     resumed_final = {k[len("final."):]: v for k, v in got.items() if k.startswith("final.")}
     assert_same_state(restored, at_cut)
@@ -250,12 +255,7 @@ def test_all_new_state_restores_bit_identically_in_another_process(tmp_path):
         "arrays.update({'metric.' + k: np.asarray(v) for k, v in m.items()})",
         f"np.savez({str(out)!r}, preds=preds, **arrays)",
     ])
-    env = dict(os.environ, JAX_PLATFORMS=jax.default_backend())
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
-                          timeout=300, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    with np.load(out, allow_pickle=False) as z:
-        got = {k: z[k] for k in z.files}
+    got = run_in_fresh_process(script, out, tmp_path)
     for prefix, want in (("restored.", at_cut), ("final.", final)):
         have = {k[len(prefix):]: v for k, v in got.items() if k.startswith(prefix)}
         assert sorted(have) == sorted(want)

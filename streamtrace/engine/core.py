@@ -277,7 +277,9 @@ class EngineCore:
         L, supervised = self.learner, self.cfg.learning.mode == "supervised"
         idx = None
         if m is None:
-            call, (xs, ys, active, learn) = self._inputs(K, "loop" if self.looped else "burst")
+            # one program and one step: its own input views, filled in place (the latency path)
+            kind = "loop" if self.looped else "burst" if count > 1 else None
+            call, (xs, ys, active, learn) = self._inputs(K if kind else 1, kind)
             pos = [st.slot for st in busy]
         else:
             call, (xs, ys, active, learn) = self._inputs(K, m)
@@ -299,7 +301,7 @@ class EngineCore:
                     learn[j, p] = d["mode"] == "learn"
                 taken.append((j, p, d, origin, t_recv))
         self._pending -= len(taken)
-        results = self._call(m, idx, count, xs, ys, active, learn)
+        results = self._call(m, idx, count, call, xs, ys, active, learn)
         self.steps += len(taken)
         self._since_publish += len(taken)
         self._since_ckpt += len(taken)
@@ -329,9 +331,10 @@ class EngineCore:
             out.append(("pub", b"weights", self.weights_message("update")))
         return out
 
-    def _call(self, m, idx, count, xs, ys, active, learn) -> list:
+    def _call(self, m, idx, count, call, xs, ys, active, learn) -> list:
         """``count`` steps: a subset call (m slots), the loop program over all slots, or, in an
-        engine with one program, a one-step call per step (determinism.md)."""
+        engine with one program, a one-step call per step (``call``, its inputs already filled
+        when count is 1; a burst is copied in step by step) (determinism.md)."""
         L = self.learner
         if m is not None:
             rows = L.step_subset_unchecked(idx, count, xs, ys, active, learn)
@@ -339,6 +342,8 @@ class EngineCore:
         if self.looped:
             rows = L.step_loop_unchecked(count, xs, ys, active, learn)
             return [L.decode(rows[j]) for j in range(count)]
+        if count == 1:
+            return [L.decode(L.step_unchecked(*call))]
         call, one = self._inputs(1)
         results = []
         for j in range(count):

@@ -290,10 +290,10 @@ class OnlineLearner:
             return self.fns.step(state, x, y, active, learn)
         if self.pairs:
             return self._in_pairs(state, x, y, active, learn)
-        return self._pair(state, x, y, active, learn)
+        return self._each_model(state, x, y, active, learn)
 
-    def _pair(self, s, x, y, a, l):
-        """The slots' steps (two, in pairs), a model each (vmapped)."""
+    def _each_model(self, s, x, y, a, l):
+        """The given slots' steps, a model each, vmapped over them (a pair in ``_in_pairs``)."""
         def one(s, x, y, a, l):
             s, out, loss, applied = self.fns.step(s, x[None], y[None], a[None], l[None])
             return s, out[0], loss[0], applied
@@ -322,13 +322,13 @@ class OnlineLearner:
                                                        grow(active, False), grow(learn, False))
             return jax.tree_util.tree_map(lambda v: v[:n], state), out[:n], loss[:n], applied[:n]
         part = lambda tree, j: jax.tree_util.tree_map(lambda v: jax.lax.dynamic_slice_in_dim(v, j * c, c, 0), tree)
-        like = jax.eval_shape(self._pair, part(state, 0), x[:c], y[:c], active[:c], learn[:c])[1:]
+        like = jax.eval_shape(self._each_model, part(state, 0), x[:c], y[:c], active[:c], learn[:c])[1:]
         outs = tuple(jnp.zeros((n,) + v.shape[1:], v.dtype) for v in like)
 
         def body(j, carry):
             state, outs = carry
             args = (part(state, j), part(x, j), part(y, j), part(active, j), part(learn, j))
-            s, *got = jax.lax.cond(jnp.any(args[3]), lambda a: self._pair(*a),
+            s, *got = jax.lax.cond(jnp.any(args[3]), lambda a: self._each_model(*a),
                                    lambda a: self._idle_pair(a[0], like), args)
             put = lambda v, u: jax.lax.dynamic_update_slice_in_dim(v, u, j * c, 0)
             return jax.tree_util.tree_map(put, state, s), tuple(put(o, g) for o, g in zip(outs, got))
