@@ -199,10 +199,14 @@ class Engine:
         if skip is not None:
             del self._refused[topic]
 
+    def install_signals(self):
+        """SIGTERM / SIGINT stop the loop (and write the final checkpoint) from here on."""
+        signal.signal(signal.SIGTERM, self.stop)
+        signal.signal(signal.SIGINT, self.stop)
+
     def run(self, *, install_signals: bool = True, max_seconds: float | None = None):
         if install_signals:
-            signal.signal(signal.SIGTERM, self.stop)
-            signal.signal(signal.SIGINT, self.stop)
+            self.install_signals()
         poller = zmq.Poller()
         poller.register(self.router, zmq.POLLIN)
         if self.pull is not None:
@@ -330,6 +334,8 @@ def serve(cfg: EngineConfig, *, announce=print) -> int:
             announce(f"WARNING: {w}")
         announce(f"resumed from {engine.resumed['path']} at step {engine.core.steps} "
                  f"(a crash loses at most {cfg.checkpoint.every} steps)")
+    # before the announcement: whoever waits for it may stop us at once, and must stop us cleanly
+    engine.install_signals()
     announce(f"streamtrace engine: {engine.endpoints}; model {cfg.model.factory or cfg.model.stack} "
              f"{cfg.model.n_in}->{cfg.model.n_hidden}->{cfg.model.n_out}, {cfg.learning.algorithm}, "
              f"{cfg.learning.mode}, {cfg.engine.slots} slots")
