@@ -178,8 +178,9 @@ class Engine:
     def _publish(self, topic: bytes, raw: bytes):
         """Send on the XPUB; a refused send (a subscriber's queue full) is counted as dropped.
         After a refusal the next 1, 2, 4 .. MAX_SKIP publications of that topic are counted as
-        dropped without trying (a refused try costs ~3.5 us more than a send), so a stalled
-        subscriber barely slows the engine; the first accepted send ends the skipping."""
+        dropped without trying (a refused try costs more than a send; measured:
+        docs/decisions/step-details.md), so a stalled subscriber barely slows the engine; the
+        first accepted send ends the skipping."""
         skip = self._refused.get(topic)
         if skip is not None and skip[0] > 0:
             skip[0] -= 1

@@ -87,11 +87,10 @@ class OnlineLearner:
     The state crosses the compiled call as a few buffers: small leaves packed per dtype, leaves
     of at least ``standalone`` elements (weights, moments, traces) as buffers of their own.
     ``donate=True`` lets XLA reuse the standalone input buffers. Default: on with a readout (it
-    saves a copy of the RLS matrix and of frozen weights every step: 263 -> 169 us for a 200-unit
-    reservoir), with slots (64 x GRU-64 ES-D-RTRL 0.84x, D-RTRL 0.92x the time) and with an
-    optimizer that updates in place (``adam``, the default: GRU-256 D-RTRL one slot 0.82x the
-    time; with ``optax.adam`` one slot measured within noise for GRU-64 and slower for GRU-256,
-    whose guarded moments XLA must then copy, so such a plain learner keeps its inputs).
+    saves a copy of the RLS matrix and of frozen weights every step), with slots and with an
+    optimizer that updates in place (``adam``, the default); a plain learner with ``optax.adam``
+    keeps its inputs (XLA would have to copy its guarded moments). Each was faster where it is
+    on; the timings: docs/decisions/step-details.md.
     """
 
     def __init__(self, model, example_x, *, algorithm="d-rtrl", decay=None, rank=None, signal=None,
@@ -444,8 +443,8 @@ class OnlineLearner:
         """``fn(buffers, *args)`` compiled as a ``_Call`` whose args cross as one packed buffer.
         ``donate``: None, "all" buffers, or "alone": the standalone buffers (weights, moments,
         traces, an RLS matrix) but not the few packed small ones. XLA reads and rewrites those in
-        one program, so donated it copies them first, and the copy reorders a small step
-        (LIF-256, one slot: 38 -> 48 us donated whole, 40 us so)."""
+        one program, so donated it copies them first, and the copy reorders and slows a small
+        step (measured: docs/decisions/step-details.md)."""
         inputs = PackedInputs(args)
         if donate == "alone":
             n = len(self.layout.dtypes)

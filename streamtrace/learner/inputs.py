@@ -1,8 +1,8 @@
 """A call's small inputs (x, y, the masks, a subset's slot indices) as one byte buffer.
 
-Every numpy array passed to a compiled program is copied to the device on its own, ~1.7 us
-each on this 2-vCPU machine with warm caches and more after a step has evicted them: four
-inputs cost ~5-8 us of a 40-60 us step. Packed into one buffer they cross as one copy, and
+Every numpy array passed to a compiled program is copied to the device on its own, and four
+such copies are a noticeable share of a small step (measured: docs/decisions/step-details.md,
+packed-buffers.md). Packed into one buffer they cross as one copy, and
 the program takes them apart again by slicing and bitcasting its bytes (exact for any dtype).
 
 ``PackedInputs`` owns a reusable buffer and numpy views of it, one per input: a caller that

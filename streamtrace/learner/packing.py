@@ -1,8 +1,9 @@
 """Named state <-> a few packed buffers.
 
-Every array leaf crossing a jitted call costs about a microsecond on a small CPU, so the
-learner's state (dozens of named arrays) crosses as one buffer per dtype. Names, shapes and
-offsets are static (a ``Layout``); unpacking inside the compiled step is slicing.
+Every array leaf crossing a jitted call has a fixed cost on a small CPU (measured:
+docs/decisions/step-details.md), so the learner's state (dozens of named arrays) crosses as
+one buffer per dtype. Names, shapes and offsets are static (a ``Layout``); unpacking inside
+the compiled step is slicing.
 
 Buffers are 2-D, (rows, width), each leaf a block of whole rows, with the width chosen to
 match the trailing size of the big leaves (usually the hidden size). Measured on a 2-vCPU
@@ -77,8 +78,8 @@ class Layout:
     leaves of at least ``standalone`` elements as buffers of their own.
 
     Packing costs a copy of every leaf per step; for big leaves (weights, moments, traces)
-    that copy costs more than the ~1 us per extra buffer, and a buffer of its own can be
-    updated in place when the call donates its inputs.
+    that copy costs more than an extra buffer does (docs/decisions/step-details.md), and a
+    buffer of its own can be updated in place when the call donates its inputs.
     """
 
     def __init__(self, tree, standalone: int | None = None):

@@ -13,7 +13,8 @@ State layout (a dict; every leaf has a stable name once flattened, e.g. ``hidden
                        prequential loss sum and count, and the rolling metrics (``roll``)
 
 One block instead of one array per weight: the optimizer then runs as a couple of fused
-kernels rather than a few per weight, and each kernel costs ~0.5-1 us on a small CPU.
+kernels rather than a few per weight, and each kernel has a fixed cost on a small CPU
+(measured: docs/decisions/step-details.md).
 With parameter groups ``params`` is one block per group. Shared weights: one ``params`` for all N slots; per-slot weights: every leaf gets a leading
 slot axis and the shared step runs under ``vmap`` with one slot each.
 """
@@ -60,8 +61,8 @@ def _slot_where(ok, new, old):
 def _ones_dot(x):
     """Sum of x's trailing axes as a product with ones (x: (N, ...) -> (N,)). XLA's CPU backend
     rewrites a float sum into a windowed reduction that took as long as the whole trace update
-    (64 slots of GRU-64 D-RTRL: 125 us more; one slot of GRU-256: 35 us); a matrix-vector
-    product with ones is one pass at memory speed, with the same NaN / inf propagation.
+    (measured: docs/decisions/step-details.md); a matrix-vector product with ones is one pass
+    at memory speed, with the same NaN / inf propagation.
     One slot: XLA turns a (1, K) product back into a reduction, so the rows of the slot are
     summed by the product and only their few row sums by a reduction."""
     n = x.shape[0]
@@ -81,9 +82,9 @@ def _row_sums(a):
 def _row_sums_vmap(axis_size, in_batched, a):
     """Under vmap (a model per slot) the ones get the slot axis too, so the product keeps it
     as a batch axis. With plain vmap the slot axis was folded into the rows, a reshape after
-    which XLA assembled the whole gradient block a second time just for the check (16 slots
-    of GRU-64 D-RTRL, pinned: the full step 655-677 -> 600-606 us; a lone stream's subset
-    call 222-235 -> 185-200 us, paired). Without vmap the program is the same as before."""
+    which XLA assembled the whole gradient block a second time just for the check (a slower
+    step and subset call, measured: docs/decisions/step-details.md). Without vmap the program
+    is the same as before."""
     if not in_batched[0]:
         return _row_sums(a), False
     return jnp.einsum("brc,bc->br", a, jnp.ones((axis_size, a.shape[-1]), a.dtype)), True
@@ -138,10 +139,10 @@ def _keep_finite(use, new, old):
 def _carried_finite(h, tr):
     """(N,) whether each slot's new hidden state (and its small traces, see above) is finite.
     Steps of many slots sharing weights read the small traces too, though their gradient (a
-    product summed over the slots) reads them from memory anyway: without the read, 64 slots
-    of GRU-64 ES-D-RTRL took 142 against 153 us (paired; the limit 120 us), but on jax 0.12 a
-    micro-batched call then rounded differently from single steps (an RLS readout's P moved
-    by 4e-4 over 24 steps; bit-identical with the read), so the read stays."""
+    product summed over the slots) reads them from memory anyway: without the read such a
+    step was faster, but on jax 0.12 a micro-batched call then rounded differently from single
+    steps (an RLS readout's P moved by 4e-4 over 24 steps; bit-identical with the read), so the
+    read stays (measured: docs/decisions/step-details.md)."""
     return jnp.isfinite(_slot_sum(h) + _slot_sum(_small_traces(tr)))
 
 
@@ -261,8 +262,8 @@ class StepFunctions:
             return total(self.from_block(state["params"]))[1], None
         # differentiate w.r.t. the named weights and pack their gradients: the gradient of the
         # block itself would be a sum of one zero-padded block per weight, which XLA fuses into
-        # a loop that evaluates every weight's gradient at every element (measured: 425 of
-        # 1,240 us of a GRU-256 step)
+        # a loop that evaluates every weight's gradient at every element (a third of a GRU-256
+        # step; measured: docs/decisions/step-details.md)
         (_, aux), g = jax.value_and_grad(total, has_aux=True)(self.from_block(state["params"]))
         return aux, self.to_block(g)
 

@@ -2,8 +2,8 @@
 
 XLA's CPU backend hands reductions to YNNPACK fusions by default (jax 0.10). For the
 reductions an online step does -- a weight gradient summed over slots, (slots, I, O) ->
-(I, O) -- those ran 15x slower than XLA's own loops on a 2-vCPU machine (a 64 x 260 x 256
-multiply-sum: 164 ms against 9-11 ms), so the step is compiled without them.
+(I, O) -- those ran 15x slower than XLA's own loops on a 2-vCPU machine (timings:
+docs/decisions/step-details.md), so the step is compiled without them.
 
 A one-slot step whose optimizer is guarded leaf by leaf (an optax transform other than
 ``adam``) is scheduled for memory, not concurrency. Its work is a few weight-sized passes per
@@ -16,7 +16,7 @@ The in-place ``adam`` (the default) keeps the default order for one slot: there 
 difference (GRU-64 / GRU-256 / LIF-256 / ALIF-256, both algorithms, within 2%, paired).
 
 One step of many slots is scheduled for memory too. Its kernels are many and small (a pass
-over a (slots, H) array is a few microseconds), and the default order's concurrency costs
+over a (slots, H) array is short), and the default order's concurrency costs
 more than it gains when they share one core. Paired against the default order, pinned: 64
 slots of GRU-64 ES-D-RTRL 0.86-0.93x, LIF-256 0.85-0.89x, 16 per-slot models of GRU-64
 (the engine's default) 0.94-0.95x, GRU-256 and ALIF-256 0.98-1.01x. The programs with a
