@@ -94,7 +94,7 @@ class CombineConfig:             # what the user gets: the model's forecast mixe
 # the config names no model (neither model.stack nor model.factory). Any of these keys the config
 # does set wins. A fixed 200-unit float64 reservoir, causal standardisation, forecasts of the change
 # from the last value (forecast mode), an exact RLS readout choosing between two ridges, mixed with
-# persistence and a running mean (measured: README, "Learning quality").
+# persistence and a running mean (measured: docs/quality.md).
 DEFAULT_LEARNER = {
     "model": {"stack": "reservoir", "n_hidden": 200, "precision": 64},
     "signal": {"normalise": True, "normalise_rate": 0.003, "residual": "forecast"},  # residual: forecasts only
@@ -114,7 +114,7 @@ class EngineSection:
     max_message_bytes: int = 1 << 20
     cpu: int = -1                 # pin the engine to this CPU (-1: no pinning)
     busy_poll_us: int = 1000      # after traffic, poll without sleeping this long: no wake-up per
-                                  # message (0: off; never with one CPU; CPU cost: see README)
+                                  # message (0: off; never with one CPU; CPU cost: docs/benchmarks.md)
     sync_dispatch: bool = True    # run each compiled step on the calling thread: every step is
                                   # awaited anyway, and a hand-off to jax's worker thread costs
                                   # a cross-thread wake-up per message
