@@ -209,3 +209,16 @@ def test_evaluate_scores_the_tasks_own_spans(monkeypatch):
     assert r.persistence_nrmse == pytest.approx(_slice_nrmse(task.inputs[100:150], y[100:150]), rel=1e-12)
     assert r.spans == {"tail": pytest.approx(_slice_nrmse(p[250:300], y[250:300]), rel=1e-12)}
 
+
+def test_cli_steps_default_per_task_and_span_errors(monkeypatch, capsys):
+    from streamtrace.cli import main
+    seen = {}
+
+    def fake_evaluate(task, config, **kw):          # no learner: only which task the CLI built
+        seen[task.name] = task.steps
+        return ev.Result(task.name, task.steps, 1000, 0.5, 0.1, 1.0, 1.0)
+    monkeypatch.setattr(ev, "evaluate", fake_evaluate)
+    assert main(["evaluate", "delay-recall:20"]) == 0 and main(["evaluate", "mackey-glass"]) == 0
+    assert seen == {"delay-recall:20": 25000, "mackey-glass": 6000}
+    assert main(["evaluate", "regime-switch", "--steps", "3000"]) == 2
+    assert "needs steps >= 4500" in capsys.readouterr().err
