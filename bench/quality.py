@@ -175,7 +175,8 @@ def run(tasks, seeds, steps, window, quick, only, log):
             continue
         t0 = streams[seeds[0]]
         log(f"{name}: {t0.steps} steps, {t0.mode}, {t0.n_in} channel(s)")
-        per = [prequential(_persistence_fn(t), t.inputs, t.targets, window=window, name=name, mode=t.mode)
+        per = [prequential(_persistence_fn(t), t.inputs, t.targets, window=window, name=name, mode=t.mode,
+                           score=t.score, spans=t.spans)
                for t in streams.values()]
         rows.append(_median_row(name, "persistence", {}, per))
         if only is None or "streamtrace" in only:
@@ -191,7 +192,8 @@ def run(tasks, seeds, steps, window, quick, only, log):
         best = {}
         for learner, params, make in peer_runs(name, quick, only):
             try:
-                res = [prequential(make(s), t.inputs, t.targets, window=window, name=name, mode=t.mode)
+                res = [prequential(make(s), t.inputs, t.targets, window=window, name=name, mode=t.mode,
+                                   score=t.score, spans=t.spans)
                        for s, t in streams.items()]
             except ImportError as e:
                 log(f"  {learner}: not installed ({e.name}); pip install 'streamtrace[quality]'")

@@ -108,10 +108,13 @@ def main(argv=None) -> int:
     p.set_defaults(func=_run)
     p = sub.add_parser("evaluate", help="prequential one-step-ahead quality of a config on a task or file")
     p.add_argument("task", nargs="?", default="mackey-glass",
-                   help="mackey-glass, narma10, lorenz, co2, sunspots, or a .csv/.npy file")
+                   help="mackey-glass, narma10, lorenz, co2, sunspots, multichannel, regime-switch, "
+                   "delay-recall[:D] (recall the input D steps back, default 15), or a .csv/.npy file")
     p.add_argument("--config", default=None, help="TOML config as serve takes (default: the forecast default)")
-    p.add_argument("--steps", type=int, default=6000)
-    p.add_argument("--window", type=int, default=1000, help="score the last W steps")
+    p.add_argument("--steps", type=int, default=None,
+                   help="default 25000 for multichannel, regime-switch, delay-recall; 6000 otherwise")
+    p.add_argument("--window", type=int, default=1000,
+                   help="score the last W steps (regime-switch scores its own span: steps 3500..4499)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--plot", default="", help="write a PNG of predictions and error")
     p.set_defaults(func=_run)

@@ -6,15 +6,18 @@ prediction is recorded before the learner can learn from ``targets[t]``. Forecas
 reaches it one call later; supervised tasks hand over ``targets[t]`` in the same call, and the
 learner must predict with its pre-update weights (``OnlineLearner`` does).
 
-Scores are over the last ``window`` steps (half the stream when it is not longer than that): NRMSE = RMSE / std(target) per channel, averaged
-over channels; MAE in the target's units; us/step = wall time of the step calls / steps (the
-first call, which compiles, is left out); persistence (predict the last target) on the same
-window for scale.
+Scores are over the last ``window`` steps (half the stream when it is not longer than that), or
+over the task's own span (``Task.score``, e.g. just after a change): NRMSE = RMSE / std(target)
+per channel, averaged over channels; MAE in the target's units; us/step = wall time of the step
+calls / steps (the first call, which compiles, is left out); persistence (predict the last target)
+on the same steps for scale. A task's further named spans (``Task.spans``) get their NRMSE, and
+persistence's, in ``Result.spans`` / ``Result.persistence_spans``.
 """
 from __future__ import annotations
 
 import copy
 import json
+import math
 import sys
 import time
 import tomllib
@@ -43,6 +46,9 @@ class Result:
     persistence_nrmse: float
     label: str = ""
     us_median_step: float = float("nan")   # robust to a busy machine's stalls
+    score: tuple[int, int] | None = None     # the steps [start, stop) scored: the last window or the task's span
+    spans: dict[str, float] = field(default_factory=dict)              # NRMSE per named span
+    persistence_spans: dict[str, float] = field(default_factory=dict)  # persistence's, on the same spans
     predictions: np.ndarray = field(default=None, repr=False)
     targets: np.ndarray = field(default=None, repr=False)
 
@@ -84,10 +90,24 @@ def _effective_window(window: int, steps: int) -> int:
     return window if window < steps else max(steps // 2, 1)   # a series too short: its second half
 
 
+def _check_span(label: str, span, steps: int) -> tuple[int, int]:
+    try:
+        start, stop = (int(v) for v in span)
+    except (TypeError, ValueError):
+        raise ValueError(f"span {label!r} must be (start, stop); got {span!r}") from None
+    if not 0 <= start < stop <= steps:
+        raise ValueError(f"span {label!r} = ({start}, {stop}) is not within the {steps} steps "
+                         f"(0 <= start < stop <= {steps})")
+    return start, stop
+
+
 def prequential(step_fn: StepFn, inputs, targets=None, *, window: int = 1000, name: str = "",
-                mode: str = "forecast", progress: Callable[[int, int], None] | None = None) -> Result:
+                mode: str = "forecast", progress: Callable[[int, int], None] | None = None,
+                score: tuple[int, int] | None = None, spans: dict[str, tuple[int, int]] | None = None) -> Result:
     """Run ``step_fn(x_t, y_t) -> prediction of y_t`` over the stream and score it. Without
-    ``targets``, ``inputs`` is one series forecast one step ahead.
+    ``targets``, ``inputs`` is one series forecast one step ahead. ``score`` = (start, stop)
+    scores steps start..stop-1 instead of the last ``window``; ``spans`` names further
+    (start, stop) spans to report in ``Result.spans``.
 
     The contract for ``step_fn``: return the prediction made *before* learning from ``y_t``
     (a forecaster ignores ``y_t``: it arrives as the next input). Any learner fits, e.g. a
@@ -99,7 +119,11 @@ def prequential(step_fn: StepFn, inputs, targets=None, *, window: int = 1000, na
     if len(inputs) != len(targets) or len(inputs) < 2:
         raise ValueError(f"need as many inputs as targets, at least 2; got {len(inputs)} and {len(targets)}")
     steps = len(inputs)
-    w = _effective_window(window, steps)
+    if score is None:
+        w = _effective_window(window, steps)
+        score = (steps - w, steps)
+    score = _check_span("score", score, steps)
+    spans = {k: _check_span(k, v, steps) for k, v in (spans or {}).items()}   # refused before the run
     preds = np.empty(targets.shape, np.float64)
     clock = time.perf_counter
     times = np.empty(steps)
@@ -111,11 +135,14 @@ def prequential(step_fn: StepFn, inputs, targets=None, *, window: int = 1000, na
         preds[t] = np.reshape(p, targets.shape[1:])
         if progress is not None:
             progress(t + 1, steps)
-    task = Task(name, mode, inputs, targets)
+    naive = persistence(Task(name, mode, inputs, targets))
     run_times = times[1:]           # the first call compiles / allocates: not a step's cost
-    return Result(name, steps, w, nrmse(preds, targets, w), mae(preds, targets, w),
-                  float(run_times.mean() * 1e6), nrmse(persistence(task), targets, w),
-                  us_median_step=float(np.median(run_times) * 1e6), predictions=preds, targets=targets)
+    a, b = score
+    return Result(name, steps, b - a, nrmse(preds[a:b], targets[a:b]), mae(preds[a:b], targets[a:b]),
+                  float(run_times.mean() * 1e6), nrmse(naive[a:b], targets[a:b]),
+                  us_median_step=float(np.median(run_times) * 1e6), predictions=preds, targets=targets,
+                  score=score, spans={k: nrmse(preds[s:e], targets[s:e]) for k, (s, e) in spans.items()},
+                  persistence_spans={k: nrmse(naive[s:e], targets[s:e]) for k, (s, e) in spans.items()})
 
 
 # ---- streamtrace learners -----------------------------------------------------------------
@@ -170,16 +197,17 @@ def learner_step_fn(learner, mode: str) -> StepFn:
     return lambda x, y: learner.step(np.asarray(x, dtype), np.asarray(y, learner.y_dtype)).prediction
 
 
-def evaluate(task: Task | str, config: dict | str | Path | None = None, *, steps: int = 6000, window: int = 1000,
-             seed: int = 0, label: str = "", progress=None) -> Result:
-    """Prequential evaluation of a streamtrace config (built by ``engine.build.build_learner``)."""
+def evaluate(task: Task | str, config: dict | str | Path | None = None, *, steps: int | None = None,
+             window: int = 1000, seed: int = 0, label: str = "", progress=None) -> Result:
+    """Prequential evaluation of a streamtrace config (built by ``engine.build.build_learner``),
+    scored on the task's own spans where it has them. ``steps``: None is the task's default."""
     from .engine.build import build_learner
     if isinstance(task, str):
         task = get_task(task, steps, seed)
     cfg = task_config(task, config, seed)
     learner = build_learner(cfg)
     r = prequential(learner_step_fn(learner, task.mode), task.inputs, task.targets, window=window,
-                    name=task.name, mode=task.mode, progress=progress)
+                    name=task.name, mode=task.mode, progress=progress, score=task.score, spans=task.spans)
     r.label = label or f"{cfg.model.stack}-{cfg.model.n_hidden} {cfg.learning.algorithm}"
     return r
 
@@ -191,12 +219,16 @@ def format_table(results: list[Result]) -> str:
              f"{r.us_per_step:.1f}", f"{r.persistence_nrmse:.5g}") for r in results]
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(head)]
     line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths))  # noqa: E731
-    return "\n".join([line(head), line(["-" * w for w in widths])] + [line(r) for r in rows])
+    notes = [f"{r.task} {k}: nrmse {v:.5g}, persistence nrmse {r.persistence_spans.get(k, math.nan):.5g}"
+             for r in results for k, v in r.spans.items()]
+    return "\n".join([line(head), line(["-" * w for w in widths])] + [line(r) for r in rows] + notes)
 
 
 def summary_json(r: Result) -> str:
-    return json.dumps({"task": r.task, "nrmse": r.nrmse, "mae": r.mae, "us_per_step": r.us_per_step,
-                       "steps": r.steps})
+    out = {"task": r.task, "nrmse": r.nrmse, "mae": r.mae, "us_per_step": r.us_per_step, "steps": r.steps}
+    if r.spans:                      # only tasks that name spans: the plain summary keeps its keys
+        out["spans"] = r.spans
+    return json.dumps(out)
 
 
 def plot(r: Result, path: str | Path, last: int = 500):
@@ -210,7 +242,9 @@ def plot(r: Result, path: str | Path, last: int = 500):
     fig, (a, b) = plt.subplots(2, 1, figsize=(10, 6))
     a.plot(t, y[-n:, 0], label="target", lw=1.2)
     a.plot(t, p[-n:, 0], label="prediction (made before the target arrived)", lw=1.0, ls="--")
-    a.set_title(f"{r.task}: {r.label}  NRMSE {r.nrmse:.4g} (last {r.window} steps)")
+    own = r.score is not None and r.score[1] != r.steps        # a task's own span, not the last window
+    scored = f"steps {r.score[0]}..{r.score[1] - 1}" if own else f"last {r.window} steps"
+    a.set_title(f"{r.task}: {r.label}  NRMSE {r.nrmse:.4g} ({scored})")
     a.legend(loc="upper right")
     err = np.sqrt(np.convolve(((p - y) ** 2).mean(1), np.ones(100) / 100, mode="valid"))
     b.semilogy(np.arange(len(err)) + 99, err)

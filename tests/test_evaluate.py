@@ -150,3 +150,75 @@ def test_benchmark_peers_predict_before_learning(peer):
     task = Task.forecast("sine", np.sin(0.3 * np.arange(60.0)))
     run = lambda t: ev.prequential(make(), t.inputs, t.targets)                      # noqa: E731
     assert _first_difference(run, task, 30) == 31
+
+
+def _slice_nrmse(p, y):
+    return float(np.mean(np.sqrt(np.mean((p - y) ** 2, 0)) / y.std(0)))
+
+
+def test_score_span_and_named_spans_against_numpy():
+    rng = np.random.default_rng(3)
+    inputs, targets = rng.normal(size=(120, 2)), rng.normal(size=(120, 2))
+    state = {"t": 0}
+
+    def step(x, y):                   # a made-up learner whose predictions drift with time
+        state["t"] += 1
+        return 0.5 * x + 0.01 * state["t"]
+    r = ev.prequential(step, inputs, targets, mode="supervised", window=7, score=(30, 70),
+                       spans={"early": (0, 20), "late": (100, 120)})
+    preds = 0.5 * inputs + 0.01 * np.arange(1, 121)[:, None]
+    naive = np.vstack([np.zeros((1, 2)), targets[:-1]])        # persistence: the last target seen
+    np.testing.assert_allclose(r.predictions, preds)
+    assert r.score == (30, 70) and r.window == 40 and r.steps == 120
+    assert r.nrmse == pytest.approx(_slice_nrmse(preds[30:70], targets[30:70]), rel=1e-12)
+    assert r.mae == pytest.approx(np.abs(preds[30:70] - targets[30:70]).mean(), rel=1e-12)
+    assert r.persistence_nrmse == pytest.approx(_slice_nrmse(naive[30:70], targets[30:70]), rel=1e-12)
+    for k, (a, b) in (("early", (0, 20)), ("late", (100, 120))):
+        assert r.spans[k] == pytest.approx(_slice_nrmse(preds[a:b], targets[a:b]), rel=1e-12)
+        assert r.persistence_spans[k] == pytest.approx(_slice_nrmse(naive[a:b], targets[a:b]), rel=1e-12)
+    plain = ev.prequential(lambda x, y: 0.5 * x, inputs, targets, mode="supervised", window=7)
+    assert plain.score == (113, 120) and plain.spans == {}                 # no span: the last window, as before
+    summary = json.loads(ev.summary_json(r))
+    assert summary["spans"] == pytest.approx(r.spans) and "spans" not in json.loads(ev.summary_json(plain))
+    assert "late: nrmse" in ev.format_table([r])
+
+
+def test_bad_spans_are_refused_by_name():
+    x = np.zeros((50, 1))
+    y = np.arange(50.0)[:, None]
+    with pytest.raises(ValueError, match="span 'late' = \\(40, 60\\) is not within the 50 steps"):
+        ev.prequential(lambda a, b: a, x, y, mode="supervised", spans={"late": (40, 60)})
+    with pytest.raises(ValueError, match="span 'score'"):
+        ev.prequential(lambda a, b: a, x, y, mode="supervised", score=(10, 10))
+    with pytest.raises(ValueError, match="must be \\(start, stop\\)"):
+        ev.prequential(lambda a, b: a, x, y, mode="supervised", spans={"x": 5})
+
+
+def test_evaluate_scores_the_tasks_own_spans(monkeypatch):
+    # the learner replaced by a fixed rule: this checks evaluate's wiring of Task.score / Task.spans
+    import streamtrace.engine.build as build
+    monkeypatch.setattr(build, "build_learner", lambda cfg: None)
+    monkeypatch.setattr(ev, "learner_step_fn", lambda learner, mode: lambda x, y: 0.8 * x)
+    series = np.sin(0.05 * np.arange(301.0)) + 0.01 * np.arange(301.0)
+    base = Task.forecast("s", series)
+    task = Task("s", "forecast", base.inputs, base.targets, score=(100, 150), spans={"tail": (250, 300)})
+    r = ev.evaluate(task, SMALL, window=10)
+    p, y = 0.8 * task.inputs, task.targets
+    assert r.score == (100, 150) and r.window == 50
+    assert r.nrmse == pytest.approx(_slice_nrmse(p[100:150], y[100:150]), rel=1e-12)
+    assert r.persistence_nrmse == pytest.approx(_slice_nrmse(task.inputs[100:150], y[100:150]), rel=1e-12)
+    assert r.spans == {"tail": pytest.approx(_slice_nrmse(p[250:300], y[250:300]), rel=1e-12)}
+
+
+def test_cli_steps_default_per_task_and_span_errors(monkeypatch, capsys):
+    from streamtrace.cli import main
+    seen = {}
+
+    def fake_evaluate(task, config, **kw):          # no learner: only which task the CLI built
+        seen[task.name] = task.steps
+        return ev.Result(task.name, task.steps, 1000, 0.5, 0.1, 1.0, 1.0)
+    monkeypatch.setattr(ev, "evaluate", fake_evaluate)
+    assert main(["evaluate", "delay-recall:20"]) == 0 and main(["evaluate", "mackey-glass"]) == 0
+    assert seen == {"delay-recall:20": 25000, "mackey-glass": 6000}
+    assert main(["evaluate", "regime-switch", "--steps", "3000"]) == 2
+    assert "needs steps >= 4500" in capsys.readouterr().err
