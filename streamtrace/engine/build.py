@@ -7,7 +7,7 @@ import dataclasses
 
 import numpy as np
 
-from ..learner import Forecast, OnlineLearner, chain, experts, feedback, normalise, residual, rls
+from ..learner import Forecast, OnlineLearner, chain, experts, feedback, normalise, param_groups, residual, rls
 from .config import ConfigError, EngineConfig, build_model, make_optimizer
 
 __all__ = ["build_learner", "set_precision"]
@@ -40,11 +40,30 @@ def combine_of(cfg: EngineConfig):
         if c.experts else None
 
 
+def beside_of(cfg: EngineConfig, model, optimizer, n_in: int):
+    """``[learned]``: the model beside a trace-learned cell (``nn.Beside``), the model's weights
+    under ``learning.optimizer`` (frozen for a reservoir) and the cell's under its own."""
+    b = cfg.learned
+    if not b.stack:
+        return model, optimizer
+    import jax
+
+    from ..nn import Beside
+    from ..nn.stacks import CELLS
+    cell = CELLS[b.stack](n_in, b.n_hidden, key=jax.random.PRNGKey(cfg.model.seed))
+    own = None if optimizer == "frozen" else optimizer
+    cell_opt = None if b.optimizer == "frozen" else make_optimizer(dataclasses.replace(cfg.learning, optimizer=b.optimizer, lr=b.lr))
+    if own is None and cell_opt is None:
+        return Beside(fixed=model, learned=cell), "frozen"
+    return Beside(fixed=model, learned=cell), param_groups(fixed=("fixed.*", own), learned=("learned.*", cell_opt))
+
+
 def build_learner(cfg: EngineConfig, *, slots: int | None = None, shared_weights: bool = True) -> OnlineLearner:
     lc = cfg.learning
     set_precision(cfg.model.precision)
     n_model = cfg.model.n_in + cfg.signal.feedback * cfg.model.n_out      # feedback: targets are inputs too
     model = build_model(dataclasses.replace(cfg.model, n_in=n_model), cfg.reservoir)
+    model, optimizer = beside_of(cfg, model, make_optimizer(lc), n_model)
     example = np.zeros(cfg.model.n_in, np.float64 if cfg.model.precision == 64 else np.float32)
     mode = lc.mode
     if mode == "forecast" and (lc.channels or lc.horizon > 1):
@@ -52,7 +71,7 @@ def build_learner(cfg: EngineConfig, *, slots: int | None = None, shared_weights
     try:
         return OnlineLearner(
             model, example, algorithm=lc.algorithm, decay=lc.decay or None, rank=lc.rank or None,
-            optimizer=make_optimizer(lc), mode=mode, learn_every=lc.learn_every, slots=slots,
+            optimizer=optimizer, mode=mode, learn_every=lc.learn_every, slots=slots,
             shared_weights=shared_weights, clip=lc.clip or None, transform=transform_of(cfg),
             readout=readout_of(cfg), window=cfg.metrics.window, combine=combine_of(cfg))
     except (TypeError, ValueError) as e:

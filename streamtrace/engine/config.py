@@ -80,6 +80,14 @@ class LearningConfig:
 
 
 @dataclass
+class LearnedConfig:             # trace-learned features beside the model's, under its readout
+    stack: str = ""              # "" (none) or a recurrent cell: "gru", "lstm", "rnn" (nn.Beside)
+    n_hidden: int = 16
+    optimizer: str = "adam"      # the cell's optimizer (the model's own weights follow learning.*)
+    lr: float = 1e-3
+
+
+@dataclass
 class CombineConfig:             # what the user gets: the model's forecast mixed with simple experts
     experts: bool = False        # on in the default learner; an online mixture of the model with
                                  # persistence, a running mean (and a seasonal naive forecast) by
@@ -173,6 +181,7 @@ class EngineConfig:
     signal: InputTransformConfig = field(default_factory=InputTransformConfig)
     readout: ReadoutConfig = field(default_factory=ReadoutConfig)
     learning: LearningConfig = field(default_factory=LearningConfig)
+    learned: LearnedConfig = field(default_factory=LearnedConfig)
     combine: CombineConfig = field(default_factory=CombineConfig)
     engine: EngineSection = field(default_factory=EngineSection)
     sockets: SocketsConfig = field(default_factory=SocketsConfig)
@@ -189,6 +198,7 @@ class EngineConfig:
         fixed order: with several bad values, the first one found is the one named."""
         self._validate_model()
         self._validate_learning()
+        self._validate_learned()
         self._validate_engine()
         self._validate_outputs()
         self._validate_security()
@@ -212,6 +222,19 @@ class EngineConfig:
         if m.readout not in ("", "linear", "leaky"):
             raise ConfigError("model.readout", f"{m.readout!r}: choose 'linear' or 'leaky' (or leave it out)")
         _int_range("model.seed", m.seed, 0, 2**32 - 1)
+
+    def _validate_learned(self):
+        b, cells = self.learned, ("gru", "lstm", "rnn")
+        if not b.stack:
+            return
+        if b.stack not in cells:
+            raise ConfigError("learned.stack", f"{b.stack!r}: choose {_one_of(cells)} (or leave it out)")
+        if self.readout.kind != "rls":
+            raise ConfigError("learned.stack", "learned features need a readout over them: set readout.kind = 'rls'")
+        _int_range("learned.n_hidden", b.n_hidden, 1, MAX_UNITS)
+        if b.optimizer not in OPTIMIZERS:
+            raise ConfigError("learned.optimizer", f"{b.optimizer!r}: choose one of {sorted(OPTIMIZERS)}")
+        _positive("learned.lr", b.lr)
 
     def _validate_learning(self):
         m, l = self.model, self.learning

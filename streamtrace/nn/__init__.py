@@ -4,6 +4,7 @@ from .._imports import import_brainstate
 import_brainstate()     # before brainstate is first imported: without matplotlib (see _imports)
 
 from . import ops
+from .beside import Beside
 from .layers import DiagRNNCell, GRUCell, Linear, LSTMCell, RNNCell
 from .neurons import ALIF, LIF, LeakyRate, LeakyRateReadout
 from .reservoir import Reservoir
@@ -11,4 +12,4 @@ from .stacks import STACKS, Stack
 from .surrogate import spike
 
 __all__ = ["ops", "spike", "Linear", "RNNCell", "DiagRNNCell", "GRUCell", "LSTMCell",
-           "LIF", "ALIF", "LeakyRate", "LeakyRateReadout", "Reservoir", "Stack", "STACKS"]
+           "LIF", "ALIF", "LeakyRate", "LeakyRateReadout", "Reservoir", "Beside", "Stack", "STACKS"]
