@@ -6,49 +6,69 @@ import brainstate
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from .adam import adam
 from .algorithms import make_algorithm
 from .checkpoint import read_checkpoint, write_checkpoint
 from .describe import describe_model, describe_optimizer
-from .groups import ParamGroups
 from .losses import get_loss
-from .modes import Forecast
+from .modes import mode_parts
+from .old_keywords import frozen_string, translate
+from .optimizers import optimizer_parts
 from .packing import Layout
 from .programs import PAIR, Programs
 from .result import StepResult
+from .settings import CompileSettings, Metrics, Slots
 from .step import COUNTERS, StepConfig, StepFunctions
 
 __all__ = ["OnlineLearner", "StepResult"]
 
 
+def _value(given, cls, name):
+    """A settings value: ``given``, or ``cls()`` for None."""
+    if given is None:
+        return cls()
+    if not isinstance(given, cls):
+        raise TypeError(f"{name} must be st.{cls.__name__}(...); got {given!r}")
+    return given
+
+
 class OnlineLearner:
     """Online learning, one step per call.
 
-    >>> learner = OnlineLearner(model, example_x, algorithm="d-rtrl", optimizer=optax.adam(1e-3))
+    >>> learner = OnlineLearner(model, example_x, algorithm=st.d_rtrl(), optimizer=st.adam(1e-3))
     >>> result = learner.step(x, y)          # predict x's target, then learn from y
 
-    mode: "supervised" (target with x), "forecast" (x_t is the target of the prediction made at
-    t-1: learn from it, then predict x_{t+1}), "predict" (no learning; state still advances).
-    learn_every=k sums k steps' gradients into one optimizer update. slots=N runs N streams in
-    one call, each with its own hidden state and traces; shared_weights=False gives each slot
-    its own model; ``step_slots(slots, x)`` steps a few of them only, at their cost.
-    Non-finite inputs/losses/gradients never reach the weights: the step is skipped for that
-    slot and counted (``stats()``). clip: global-norm gradient clipping.
+    Each setting is a value, composed as optax composes (every keyword optional):
 
-    Composable parts (each a module of its own):
-    mode=Forecast(channels, horizon): forecast some input channels (the rest are exogenous
-    inputs) and/or several steps ahead. transform=chain(normalise(), residual()): the signal
-    between the user's units and the model. readout=rls(): a closed-form readout over the
-    model's output features (the model then returns features, e.g. ``nn.Reservoir``).
-    optimizer: an optax transform (default ``adam(lr)``: optax's Adam, applied in place, see
-    learner/adam.py), ``param_groups(...)`` (settings per named group), or
-    "frozen" (the model's weights never move: a fixed reservoir under the readout).
-    ``stats()["metrics"]``: rolling prequential MSE / MAE / NRMSE per slot (time constant
-    ``window`` steps). combine=experts(): what the user gets is an online mixture of the
-    model's prediction with persistence, a running mean and a seasonal naive forecast, weighted
-    by their recent losses (learner/experts.py; forecast and supervised modes).
+    algorithm: ``d_rtrl()`` (the default; or its name "d-rtrl"), ``es_d_rtrl(decay=0.9,
+    rank=None, signal=None)``, ``rtrl()``, or a factory ``(model, example_x) -> algorithm``.
+    loss: a name from ``LOSSES`` or a function.
+    optimizer: an optax transform: ``adam(1e-3)`` (the default: optax's Adam, applied in place,
+    see learner/adam.py), ``optax.chain(optax.clip_by_global_norm(c), adam(lr))`` (global-norm
+    clipping, still in place), ``param_groups(...)`` (settings per named group) or ``frozen()``
+    (the model's weights never move: a fixed reservoir under the readout); learner/optimizers.py.
+    mode: "supervised" (target with x), "forecast" (x_t is the target of the prediction made at
+    t-1: learn from it, then predict x_{t+1}), "predict" (no learning; state still advances);
+    ``Supervised(learn_every=k)`` sums k steps' gradients into one optimizer update;
+    ``Forecast(channels, horizon, learn_every)``: forecast some input channels (the rest are
+    exogenous inputs) and/or several steps ahead.
+    slots: N runs N streams in one call, each with its own hidden state and traces;
+    ``Slots(N, shared=False)`` gives each slot its own model, ``Slots(N, reduce="sum")`` sums
+    the slots' losses for the shared model; ``step_slots(slots, x)`` steps a few of them only.
+    transform=chain(normalise(), residual()): the signal between the user's units and the
+    model. readout=rls(): a closed-form readout over the model's output features (the model then
+    returns features, e.g. ``nn.Reservoir``). combine=experts(): what the user gets is an online
+    mixture of the model's prediction with persistence, a running mean and a seasonal naive
+    forecast, weighted by their recent losses (learner/experts.py).
+    compile: ``CompileSettings(donate, standalone, batch_size)``, below. metrics:
+    ``Metrics(window)``: ``stats()["metrics"]`` holds rolling prequential MSE / MAE / NRMSE per
+    slot, time constant ``window`` steps.
+    The keywords before these values (decay, lr, clip, learn_every, shared_weights, ...) still
+    work for one release, with a DeprecationWarning naming the new form (old_keywords.py).
+
+    Non-finite inputs/losses/gradients never reach the weights: the step is skipped for that
+    slot and counted (``stats()``). The engine's compiled programs are ``learner.programs``.
 
     The state crosses the compiled call as a few buffers: small leaves packed per dtype, leaves
     of at least ``standalone`` elements (weights, moments, traces) as buffers of their own.
@@ -60,66 +80,59 @@ class OnlineLearner:
     whose guarded moments XLA must then copy, so such a plain learner keeps its inputs).
     """
 
-    def __init__(self, model, example_x, *, algorithm="d-rtrl", decay=None, rank=None, signal=None,
-                 loss="mse", optimizer=None, lr: float = 1e-3,
-                 mode="supervised", learn_every: int = 1, slots: int | None = None,
-                 shared_weights: bool = True, reduce: str = "mean", clip: float | None = None,
-                 batch_size: int | None = None, donate: bool | None = None, standalone: int | None = 2048,
-                 transform=None, readout=None, window: int = 1000, combine=None):
+    def __init__(self, model, example_x, *, algorithm="d-rtrl", loss="mse", optimizer=None, mode="supervised",
+                 slots=None, transform=None, readout=None, combine=None, compile=None, metrics=None, **old):
+        optimizer = frozen_string(optimizer)
+        extra = {}
+        if old:
+            algorithm, optimizer, mode, slots, compile, metrics, extra = translate(
+                old, algorithm, optimizer, mode, slots, compile, metrics)
+        compile, metrics = _value(compile, CompileSettings, "compile"), _value(metrics, Metrics, "metrics")
+        parts = optimizer_parts(adam() if optimizer is None else optimizer)
+        mode, spec, learn_every = mode_parts(mode)
+        learn_every = extra.get("learn_every", learn_every)
+        slots = Slots(slots) if slots is not None and not isinstance(slots, Slots) else slots
         example_x = np.asarray(example_x)
-        if slots is not None and slots < 1:
-            raise ValueError(f"slots must be >= 1; got {slots}")
-        if clip is not None and not clip > 0:
-            raise ValueError(f"clip must be > 0; got {clip}")
-        spec = mode if isinstance(mode, Forecast) else (Forecast() if mode == "forecast" else None)
-        mode = "forecast" if spec is not None else mode
-        brainstate.nn.init_all_states(model, batch_size)
+        brainstate.nn.init_all_states(model, compile.batch_size)
         self.model = model
-        self.algo = make_algorithm(algorithm, model, jnp.asarray(self._model_input(example_x, transform, readout)),
-                                   decay=decay, rank=rank, signal=signal)
+        self.algo = make_algorithm(algorithm, model, jnp.asarray(self._model_input(example_x, transform, readout)))
         out = self.algo.graph.out_struct
         if not hasattr(out, "shape"):
             raise ValueError("the model must return one array (the prediction)")
         self.x_shape, self.x_dtype = tuple(example_x.shape), example_x.dtype
         channels = self._channels(spec)
         self.out_shape, self.y_dtype = self._output(out, readout, mode, channels)
-        groups = optimizer if isinstance(optimizer, ParamGroups) else None
-        if optimizer is None:
-            optimizer = adam(lr)
-        elif not (groups is not None or isinstance(optimizer, optax.GradientTransformation)
-                  or (isinstance(optimizer, str) and optimizer == "frozen")):
-            raise TypeError(f"optimizer must be an optax transform, param_groups(...) or 'frozen'; got {optimizer!r}")
-        frozen = isinstance(optimizer, str)
-        self.cfg = StepConfig(mode, learn_every, reduce, channels, spec.horizon if spec else 1, window)
-        self.fns = StepFunctions(self.algo, get_loss(loss), None if groups else optimizer, self.cfg,
-                                 transform=transform, readout=readout, groups=groups, y_shape=self.out_shape,
-                                 clip=clip, combine=combine)
+        reduce = slots.reduce if slots is not None else extra.get("reduce", "mean")
+        self.cfg = StepConfig(mode, learn_every, reduce, channels, spec.horizon if spec else 1, metrics.window)
+        self.fns = StepFunctions(self.algo, get_loss(loss), parts, self.cfg, transform=transform, readout=readout,
+                                 y_shape=self.out_shape, combine=combine)
         self.horizon = self.cfg.horizon
-        self.slots, self.n = slots, slots or 1
-        self.per_slot = slots is not None and not shared_weights
+        self.slots = None if slots is None else slots.n
+        self.n = self.slots or 1
+        self.per_slot = slots is not None and not slots.shared
         # per-slot models of a learner whose slots may be stepped a few at a time (subset
         # calls: 8 slots or more) step in pairs in every program, so that they round alike
         self.pairs = self.per_slot and self.n >= 8 and self.n % PAIR == 0
-        self.donate = bool(donate) if donate is not None else (
+        self.donate = bool(compile.donate) if compile.donate is not None else (
             readout is not None or slots is not None or self.fns.in_place)
         self._signature_extra = {"algorithm": self.algo.name, "decay": getattr(self.algo, "decay", None),
-                                 "mode": mode, "learn_every": learn_every, "slots": slots,
-                                 "shared_weights": bool(shared_weights) or slots is None, "reduce": reduce,
+                                 "mode": mode, "learn_every": learn_every, "slots": self.slots,
+                                 "shared_weights": not self.per_slot, "reduce": reduce,
                                  "x_shape": list(self.x_shape), "out_shape": list(self.out_shape),
                                  "params": sorted(self.algo.graph.param_names),
                                  "channels": None if channels is None else list(channels),
-                                 "horizon": self.horizon, "window": window,
+                                 "horizon": self.horizon, "window": metrics.window,
                                  "transform": None if transform is None else transform.describe(),
                                  "readout": None if readout is None else readout.describe(),
                                  **({} if combine is None else {"combine": combine.describe()}),
-                                 "groups": None if groups is None else groups.describe(),
-                                 "frozen": frozen, "model": describe_model(model),
+                                 "groups": None if parts.groups is None else parts.groups.describe(),
+                                 "frozen": parts.frozen, "model": describe_model(model),
                                  "optimizer": {} if self.fns.opt is None else describe_optimizer(self.fns.opt)}
         # the initial state as one compiled program (built op by op it took ~50 small programs,
         # each compiled or loaded from the cache at every start), the weights as its arguments
         # (as constants they would be embedded in the program and hashed for the cache key)
         p0 = self.algo.graph.init_params()
-        self.layout = Layout(jax.eval_shape(self._init_state, p0), standalone=standalone)
+        self.layout = Layout(jax.eval_shape(self._init_state, p0), standalone=compile.standalone)
         init = jax.jit(lambda p: self.layout.pack(self._init_state(p)))
         init_buffers = init(p0)
         self.buffers = init(p0)     # donated, not the initial ones
@@ -127,7 +140,7 @@ class OnlineLearner:
         self.programs = Programs(self, init_buffers)
         self._state_dict_signature = None
         self._ones = np.ones(self.n, bool)
-        self._no_target = np.zeros((self.n,) + self.out_shape if slots else self.out_shape, self.y_dtype)
+        self._no_target = np.zeros((self.n,) + self.out_shape if self.slots else self.out_shape, self.y_dtype)
 
     @staticmethod
     def _model_input(example_x, transform, readout):
