@@ -49,7 +49,7 @@ def sides(hidden, algo, slots, shared):
     out = {}
     for side in ("now", "before"):
         learner = st.OnlineLearner(st.nn.Stack("gru", N_IN, hidden, N_OUT), np.zeros(N_IN, np.float32),
-                                   algorithm=algo, slots=slots, shared_weights=shared)
+                                   algorithm=algo, slots=None if slots is None else st.Slots(slots, shared=shared))
         prog = learner.programs.step() if side == "now" else before(learner)
         lead = () if slots is None else (slots,)
         x = rng.normal(size=lead + (N_IN,)).astype(np.float32)

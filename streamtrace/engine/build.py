@@ -7,7 +7,9 @@ import dataclasses
 
 import numpy as np
 
-from ..learner import Forecast, OnlineLearner, chain, experts, feedback, normalise, residual, rls
+from ..learner import (Forecast, Metrics, OnlineLearner, Slots, Supervised, chain, experts, feedback, normalise,
+                       residual, rls)
+from ..learner.algorithms import algorithm_named
 from .config import ConfigError, EngineConfig, build_model, make_optimizer
 
 __all__ = ["build_learner", "set_precision"]
@@ -46,15 +48,16 @@ def build_learner(cfg: EngineConfig, *, slots: int | None = None, shared_weights
     n_model = cfg.model.n_in + cfg.signal.feedback * cfg.model.n_out      # feedback: targets are inputs too
     model = build_model(dataclasses.replace(cfg.model, n_in=n_model), cfg.reservoir)
     example = np.zeros(cfg.model.n_in, np.float64 if cfg.model.precision == 64 else np.float32)
-    mode = lc.mode
-    if mode == "forecast" and (lc.channels or lc.horizon > 1):
-        mode = Forecast(tuple(lc.channels) or None, lc.horizon)
+    if lc.mode == "forecast":
+        mode = Forecast(tuple(lc.channels) or None, lc.horizon, learn_every=lc.learn_every)
+    else:
+        mode = Supervised(learn_every=lc.learn_every)
     try:
         return OnlineLearner(
-            model, example, algorithm=lc.algorithm, decay=lc.decay or None, rank=lc.rank or None,
-            optimizer=make_optimizer(lc), mode=mode, learn_every=lc.learn_every, slots=slots,
-            shared_weights=shared_weights, clip=lc.clip or None, transform=transform_of(cfg),
-            readout=readout_of(cfg), window=cfg.metrics.window, combine=combine_of(cfg))
+            model, example, algorithm=algorithm_named(lc.algorithm, decay=lc.decay or None, rank=lc.rank or None),
+            optimizer=make_optimizer(lc), mode=mode, slots=None if slots is None else Slots(slots, shared=shared_weights),
+            transform=transform_of(cfg), readout=readout_of(cfg), metrics=Metrics(cfg.metrics.window),
+            combine=combine_of(cfg))
     except (TypeError, ValueError) as e:
         if isinstance(e, ConfigError) or type(e).__name__ == "CompileError":
             raise
