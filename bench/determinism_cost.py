@@ -1,5 +1,5 @@
 """What deterministic steps cost: a step of per-slot models as it is now (in pairs of slots, a
-loop over the pairs, idle pairs skipped: learner/core.py ``_in_pairs``) against the same
+loop over the pairs, idle pairs skipped: learner/programs.py ``_in_pairs``) against the same
 learner's step compiled as it was before (all slots vmapped at once),
 timed in paired rounds in one process (bench/paired.py's ``paired``).
 
@@ -29,17 +29,17 @@ def before(learner):
     layout, squeeze = learner.layout, learner.slots is None
 
     def core(state, x, y, active, learn):       # per-slot models were vmapped over all slots
-        step = learner._each_model if learner.per_slot else learner.fns.step
+        step = learner.programs.each_model if learner.per_slot else learner.fns.step
         return step(state, x, y, active, learn)
 
     def fn(buffers, x, y, active, learn):
         state = layout.unpack(buffers)
         xs, ys = (x[None], y[None]) if squeeze else (x, y)
         state, out, loss, applied = core(state, xs, ys, active, learn)
-        return layout.pack(state), learner._pack_out(out[0] if squeeze else out, loss, applied)
-    options = learner._options(learner.n, loop=False)
-    x, y, a = learner._example_inputs(None)
-    return learner._packed(fn, (x, y, a, a), options, donate="alone" if learner.donate else None)
+        return layout.pack(state), learner.programs.pack_out(out[0] if squeeze else out, loss, applied)
+    options = learner.programs.options(learner.n, loop=False)
+    x, y, a = learner.programs.example_inputs(None)
+    return learner.programs.packed(fn, (x, y, a, a), options, donate="alone" if learner.donate else None)
 
 
 def sides(hidden, algo, slots, shared):
@@ -49,8 +49,8 @@ def sides(hidden, algo, slots, shared):
     out = {}
     for side in ("now", "before"):
         learner = st.OnlineLearner(st.nn.Stack("gru", N_IN, hidden, N_OUT), np.zeros(N_IN, np.float32),
-                                   algorithm=algo, slots=slots, shared_weights=shared)
-        prog = learner.compiled() if side == "now" else before(learner)
+                                   algorithm=algo, slots=None if slots is None else st.Slots(slots, shared=shared))
+        prog = learner.programs.step() if side == "now" else before(learner)
         lead = () if slots is None else (slots,)
         x = rng.normal(size=lead + (N_IN,)).astype(np.float32)
         y = rng.normal(size=lead + (N_OUT,)).astype(np.float32)

@@ -59,8 +59,8 @@ def python_only(cfg, n=20000, repeats=5):
     core = EngineCore(cfg)
     core.warmup()
     L = core.learner
-    vec = L.step_unchecked(*core._inputs(1)[0])
-    L.step_unchecked = lambda *a, **k: vec
+    vec = L.programs.run(*core._inputs(1)[0])
+    L.programs.run = lambda *a, **k: vec
     x = np.zeros(cfg.model.n_in, np.float32)
     msgs = [wire.data_message("bench", i, x, ts=time.time()) for i in range(n)]
     block, meds = n // repeats, []
@@ -118,10 +118,10 @@ def main(argv=None):
     wire.decode_data = timed(spans, "checks", wire.decode_data)
     core._accept = timed(spans, "route", core._accept)
     core._inputs = timed(spans, "batch", core._inputs)
-    compiled = L.compiled
-    L.compiled = lambda k=None: timed_call(spans, "dispatch", compiled(k))
-    L.step_unchecked = timed(spans, "wait", L.step_unchecked)      # minus dispatch, below
-    L.decode = timed(spans, "split", L.decode)
+    compiled = L.programs.step
+    L.programs.step = lambda k=None: timed_call(spans, "dispatch", compiled(k))
+    L.programs.run = timed(spans, "wait", L.programs.run)      # minus dispatch, below
+    L.programs.decode = timed(spans, "split", L.programs.decode)
     core._reply = timed(spans, "reply", core._reply)
     m = core.metrics
     for name in ("count", "loss", "latency"):

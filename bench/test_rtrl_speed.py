@@ -51,7 +51,7 @@ CASES = [("gru", 32, None, "rtrl-dense-jacobian"), ("gru", 32, None, "rtrl"),
 def _step_fn(kind, hidden, method, slots):
     learner = st.OnlineLearner(st.nn.Stack(kind, N_IN, hidden, N_OUT), np.zeros(N_IN, np.float32),
                                algorithm=METHODS[method], optimizer=optax.adam(1e-3), slots=slots)
-    compiled = learner.compiled()
+    compiled = learner.programs.step()
     lead = () if slots is None else (slots,)
     rng = np.random.default_rng(0)
     x = rng.normal(size=lead + (N_IN,)).astype(np.float32)

@@ -28,8 +28,8 @@ def test_dispatch_floor(record):
 def _step_fn(kind, hidden, algo, slots, steps=1):
     # the default optimizer, st.adam(1e-3): optax.adam up to rounding, applied in place
     learner = st.OnlineLearner(st.nn.Stack(kind, N_IN, hidden, N_OUT), np.zeros(N_IN, np.float32),
-                               algorithm=algo, lr=1e-3, slots=slots)
-    compiled = learner.compiled(steps if steps > 1 else None)
+                               algorithm=algo, optimizer=st.adam(1e-3), slots=slots)
+    compiled = learner.programs.step(steps if steps > 1 else None)
     queued = () if steps == 1 else (steps,)
     lead = queued + (() if slots is None else (slots,))
     rng = np.random.default_rng(0)

@@ -9,9 +9,9 @@ __version__ = "0.1.0"
 _FROM = {
     ".etrace": ("D_RTRL", "ES_D_RTRL", "RTRL", "CompileError", "CompileWarning", "ETraceGraph", "ETraceVjpAlgorithm",
                 "KappaFilter", "MultiStepData", "RandomFeedback", "SingleStepData", "compile_graph", "pp_prop"),
-    ".learner": ("CheckpointError", "Forecast", "OnlineLearner", "adam", "chain", "experts", "feedback", "normalise",
-                 "param_groups",
-                 "residual", "rls"),
+    ".learner": ("Algorithm", "CheckpointError", "CompileSettings", "Forecast", "Metrics", "OnlineLearner", "Slots",
+                 "Supervised", "adam", "chain", "d_rtrl", "es_d_rtrl", "experts", "feedback", "frozen", "normalise",
+                 "param_groups", "residual", "rls", "rtrl"),
 }
 _WHERE = {name: mod for mod, names in _FROM.items() for name in names}
 __all__ = ["nn", *_WHERE]

@@ -83,13 +83,13 @@ def _one(cfg: EngineConfig, slots: int, iters: int, warmup: int, max_seconds: fl
     t0 = time.perf_counter()
     learner = build_learner(cfg, slots=slots, shared_weights=cfg.engine.shared_weights)
     t1 = time.perf_counter()
-    learner.compiled()
+    learner.programs.step()
     t2 = time.perf_counter()
     rng = np.random.default_rng(0)
     x = (0.1 * rng.standard_normal((learner.n,) + learner.x_shape)).astype(learner.x_dtype)
     y = (0.1 * rng.standard_normal((learner.n,) + learner.out_shape)).astype(learner.y_dtype)
     on = np.ones(learner.n, bool)
-    times = timed(lambda: learner.step_unchecked(x, y, on, on), iters, warmup, max_seconds)
+    times = timed(lambda: learner.programs.run(x, y, on, on), iters, warmup, max_seconds)
     row = {"algorithm": cfg.learning.algorithm, "slots": slots, "build_s": t1 - t0, "compile_s": t2 - t1,
            "step_us": percentiles(times), "trace_bytes_per_slot": trace_bytes_per_slot(learner)}
     sizes = subset_sizes(slots)
@@ -98,7 +98,7 @@ def _one(cfg: EngineConfig, slots: int, iters: int, warmup: int, max_seconds: fl
         xs, ys = np.repeat(x[None, :m], k, 0), np.repeat(y[None, :m], k, 0)
         act, idx = np.zeros((k, m), bool), np.arange(m, dtype=np.int32)
         act[:, 0] = True
-        row["one_busy_us"] = percentiles(timed(lambda: learner.step_subset_unchecked(idx, 1, xs, ys, act, act),
+        row["one_busy_us"] = percentiles(timed(lambda: learner.programs.run_subset(idx, 1, xs, ys, act, act),
                                                  iters, warmup, max_seconds))
     return row
 

@@ -10,12 +10,12 @@ __all__ = ["run_cli"]
 def run_cli(args) -> int:
     import numpy as np
 
-    from .learner import OnlineLearner
+    from .learner import OnlineLearner, adam
     from .nn import Stack
 
     series = two_tone(0, args.steps + 1)
     learner = OnlineLearner(Stack(args.model, 1, args.hidden, 1), np.zeros(1, np.float32), mode="forecast",
-                            algorithm=args.algorithm, lr=args.lr)
+                            algorithm=args.algorithm, optimizer=adam(args.lr))
     print(f"online learning: {args.model.upper()}-{args.hidden}, {args.algorithm}, forecasting a two-tone signal")
     every, losses = max(1, args.steps // 10), []     # a line per tenth of the run
     for i in range(args.steps):

@@ -144,7 +144,7 @@ def test_first_answers_wait_for_no_micro_batch_size_and_match_a_plain_learner():
         assert core.ingest(data("a", t, x), b"o") == []
     while core.has_pending():
         got += preds(core.tick())
-    assert not [k for k in core.learner._compiled if isinstance(k, int)], "a micro-batch size was compiled"
+    assert not [k for k in core.learner.programs.keys() if isinstance(k, int)], "a micro-batch size was compiled"
     # the oracle: the same config's learner stepped once per sample, outside the engine
     ref = build_learner(cfg, slots=2, shared_weights=False)
     want = [ref.step(np.stack([x, np.zeros(N_IN, np.float32)]), active=np.array([True, False])).prediction[0]
@@ -156,8 +156,8 @@ def test_first_answers_wait_for_no_micro_batch_size_and_match_a_plain_learner():
     before = core.learner.state_dict()
     for _ in core.warmup_later():
         pass
-    assert core.ready == [1] and not [k for k in core.learner._compiled if isinstance(k, int)]
-    assert core.learner.is_compiled("reset") and core.learner.is_compiled("read_slot")
+    assert core.ready == [1] and not [k for k in core.learner.programs.keys() if isinstance(k, int)]
+    assert core.learner.programs.is_compiled("reset") and core.learner.programs.is_compiled("read_slot")
     after = core.learner.state_dict()
     assert all(np.array_equal(before[k], after[k]) for k in before)
 
@@ -171,8 +171,8 @@ def test_engine_compiles_the_other_programs_on_a_thread_while_it_answers(sock_di
     ref.warmup()
     try:
         L = engine.core.learner
-        assert engine.core.looped and engine.core.ready_subsets == [] and L.is_compiled(("loop", 4))
-        assert not L.is_compiled(("subset", 2, 4)) and not L.is_compiled("reset")
+        assert engine.core.looped and engine.core.ready_subsets == [] and L.programs.is_compiled(("loop", 4))
+        assert not L.programs.is_compiled(("subset", 2, 4)) and not L.programs.is_compiled("reset")
         engine.start_warmup()
         xs = np.random.default_rng(4).normal(size=(40, N_IN)).astype(np.float32)
         got, want = [], []
@@ -182,8 +182,8 @@ def test_engine_compiles_the_other_programs_on_a_thread_while_it_answers(sock_di
                 while core.has_pending():
                     out += preds(core.tick())
         assert engine.warm.wait(120)
-        assert engine.core.ready_subsets == [2] and L.is_compiled(("subset", 2, 4))
-        assert L.is_compiled("reset") and L.is_compiled("write_slot")
+        assert engine.core.ready_subsets == [2] and L.programs.is_compiled(("subset", 2, 4))
+        assert L.programs.is_compiled("reset") and L.programs.is_compiled("write_slot")
         assert [wire.unpack_array(p).tobytes() for p in got] == [wire.unpack_array(p).tobytes() for p in want]
     finally:
         engine.close()
@@ -194,7 +194,7 @@ def test_a_program_that_fails_to_compile_leaves_the_engine_serving_with_the_othe
     try:
         def failing(m, k):
             raise MemoryError("simulated: no memory for the subset program")
-        monkeypatch.setattr(engine.core.learner, "compiled_subset", failing)
+        monkeypatch.setattr(engine.core.learner.programs, "subset", failing)
         engine.start_warmup()
         assert engine.warm.wait(120) and engine.core.ready_subsets == []
         rng = np.random.default_rng(3)

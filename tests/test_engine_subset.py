@@ -29,9 +29,9 @@ def test_few_busy_streams_step_their_slots_only_and_every_answer_equals_a_learne
     assert core.subsets == [2, 4] and core.ready_subsets == [2, 4]
     calls = []
     L = core.learner
-    subset, full = L.step_subset_unchecked, L.step_loop_unchecked
-    L.step_subset_unchecked = lambda idx, count, *a: calls.append(("subset", len(idx), count)) or subset(idx, count, *a)
-    L.step_loop_unchecked = lambda count, *a: calls.append(("all", a[0].shape)) or full(count, *a)
+    subset, full = L.programs.run_subset, L.programs.run_loop
+    L.programs.run_subset = lambda idx, count, *a: calls.append(("subset", len(idx), count)) or subset(idx, count, *a)
+    L.programs.run_loop = lambda count, *a: calls.append(("all", a[0].shape)) or full(count, *a)
 
     rng = np.random.default_rng(5)
     names = ["a", "b", "c", "d", "e"]
@@ -125,7 +125,7 @@ def test_one_slot_engine_has_no_subset_calls_and_first_answers_need_only_the_ful
     assert core.ready_subsets == [] and core.ready == [1]
     core.ingest(data("a", 0, np.ones(N_IN, np.float32)), b"o")
     assert [k for k, *_ in core.tick()] == ["reply"]
-    assert not [k for k in core.learner._compiled if isinstance(k, tuple)]
+    assert not [k for k in core.learner.programs.keys() if isinstance(k, tuple)]
 
 
 def test_parked_streams_resume_into_other_slots_between_subset_calls():

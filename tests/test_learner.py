@@ -513,12 +513,12 @@ def test_forecast_needs_output_shaped_like_input(x64):
 
 
 def test_pure_step_is_the_compiled_step(x64):
-    """learner.pure_step() is the hot path as a pure function of the named state tree: run
+    """learner.programs.pure_step() is the hot path as a pure function of the named state tree: run
     under jax.jit it gives the same predictions and state as learner.step."""
     learner = st.OnlineLearner(CellNet(nn.GRUCell, n_in=3, n_hidden=5, n_out=2), np.zeros(3),
                                optimizer=optax.adam(1e-2))
     state = learner.layout.unpack(learner.buffers)
-    step = jax.jit(learner.pure_step())
+    step = jax.jit(learner.programs.pure_step())
     rng = np.random.default_rng(4)
     for _ in range(5):
         x, y = rng.normal(size=3), rng.normal(size=2)

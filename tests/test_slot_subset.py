@@ -110,10 +110,10 @@ def test_several_steps_in_one_subset_call_equal_that_many_full_steps(x64):
             lf = np.zeros(N, bool)
             lf[idx] = learn[j]
             want.append(full.step(x, active=a, learn=lf))
-        rows = sub.step_subset_unchecked(idx, count, xs, np.zeros((K, 2, 2)), act, learn)
+        rows = sub.programs.run_subset(idx, count, xs, np.zeros((K, 2, 2)), act, learn)
         assert rows.shape[0] == K
         for j in range(count):
-            got = sub.decode(rows[j], m=2)
+            got = sub.programs.decode(rows[j], m=2)
             np.testing.assert_allclose(got.prediction, want[j].prediction[idx], rtol=1e-10, atol=1e-12)
             np.testing.assert_allclose(got.loss, want[j].loss[idx], rtol=1e-10, atol=1e-12)
         a, b = full.state_dict(), sub.state_dict()

@@ -53,10 +53,10 @@ class Stepper:
         it, as in an engine that did not warm up) and the slot reads and writes."""
         core, L = self.core, self.core.learner
         if core.subsets:
-            L.compiled_subset(core.subsets[0], core.cfg.engine.micro_batch)
+            L.programs.subset(core.subsets[0], core.cfg.engine.micro_batch)
         else:
-            L.compiled()
-        L.compiled_reset()
+            L.programs.step()
+        L.programs.reset()
         L.write_slot(0, L.read_slot(0))
 
     # ---- one message --------------------------------------------------------------------

@@ -7,7 +7,9 @@ import dataclasses
 
 import numpy as np
 
-from ..learner import Forecast, OnlineLearner, chain, experts, feedback, normalise, param_groups, residual, rls
+from ..learner import (Forecast, Metrics, OnlineLearner, Slots, Supervised, chain, experts, feedback, normalise,
+                       param_groups, residual, rls)
+from ..learner.algorithms import algorithm_named
 from .config import ConfigError, EngineConfig, build_model, make_optimizer
 
 __all__ = ["build_learner", "set_precision"]
@@ -51,10 +53,11 @@ def beside_of(cfg: EngineConfig, model, optimizer, n_in: int):
     from ..nn import Beside
     from ..nn.stacks import CELLS
     cell = CELLS[b.stack](n_in, b.n_hidden, key=jax.random.PRNGKey(cfg.model.seed))
-    own = None if optimizer == "frozen" else optimizer
-    cell_opt = None if b.optimizer == "frozen" else make_optimizer(dataclasses.replace(cfg.learning, optimizer=b.optimizer, lr=b.lr))
+    own = None if cfg.learning.optimizer == "frozen" else optimizer
+    cell_opt = None if b.optimizer == "frozen" else \
+        make_optimizer(dataclasses.replace(cfg.learning, optimizer=b.optimizer, lr=b.lr))
     if own is None and cell_opt is None:
-        return Beside(fixed=model, learned=cell), "frozen"
+        return Beside(fixed=model, learned=cell), optimizer         # all frozen
     return Beside(fixed=model, learned=cell), param_groups(fixed=("fixed.*", own), learned=("learned.*", cell_opt))
 
 
@@ -65,15 +68,16 @@ def build_learner(cfg: EngineConfig, *, slots: int | None = None, shared_weights
     model = build_model(dataclasses.replace(cfg.model, n_in=n_model), cfg.reservoir)
     model, optimizer = beside_of(cfg, model, make_optimizer(lc), n_model)
     example = np.zeros(cfg.model.n_in, np.float64 if cfg.model.precision == 64 else np.float32)
-    mode = lc.mode
-    if mode == "forecast" and (lc.channels or lc.horizon > 1):
-        mode = Forecast(tuple(lc.channels) or None, lc.horizon)
+    if lc.mode == "forecast":
+        mode = Forecast(tuple(lc.channels) or None, lc.horizon, learn_every=lc.learn_every)
+    else:
+        mode = Supervised(learn_every=lc.learn_every)
     try:
         return OnlineLearner(
-            model, example, algorithm=lc.algorithm, decay=lc.decay or None, rank=lc.rank or None,
-            optimizer=optimizer, mode=mode, learn_every=lc.learn_every, slots=slots,
-            shared_weights=shared_weights, clip=lc.clip or None, transform=transform_of(cfg),
-            readout=readout_of(cfg), window=cfg.metrics.window, combine=combine_of(cfg))
+            model, example, algorithm=algorithm_named(lc.algorithm, decay=lc.decay or None, rank=lc.rank or None),
+            optimizer=optimizer, mode=mode, slots=None if slots is None else Slots(slots, shared=shared_weights),
+            transform=transform_of(cfg), readout=readout_of(cfg), metrics=Metrics(cfg.metrics.window),
+            combine=combine_of(cfg))
     except (TypeError, ValueError) as e:
         if isinstance(e, ConfigError) or type(e).__name__ == "CompileError":
             raise

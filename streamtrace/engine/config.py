@@ -448,7 +448,14 @@ def _one_of(names) -> str:
 
 
 def make_optimizer(cfg: LearningConfig):
-    return "frozen" if cfg.optimizer == "frozen" else _opt(cfg.optimizer)(cfg.lr)
+    """The learner's optimizer for ``[learning]``: optimizer at lr, behind a global-norm clip."""
+    import optax
+
+    from ..learner.optimizers import frozen
+    if cfg.optimizer == "frozen":
+        return frozen()
+    opt = _opt(cfg.optimizer)(cfg.lr)
+    return optax.chain(optax.clip_by_global_norm(cfg.clip), opt) if cfg.clip else opt
 
 
 def _fill(obj, data: dict, where: str):

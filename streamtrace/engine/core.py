@@ -100,9 +100,9 @@ class EngineCore:
         needs no reset). The subset and slot programs wait for ``warmup_later``."""
         self.ready_subsets = []
         if self.looped:
-            self.learner.compiled_loop(self.cfg.engine.micro_batch)
+            self.learner.programs.loop(self.cfg.engine.micro_batch)
         else:
-            self.learner.compiled()
+            self.learner.programs.step()
 
     def warmup_later(self):
         """The other programs, one per ``next()``: the subset calls (a few busy streams), then
@@ -113,15 +113,15 @@ class EngineCore:
         L = self.learner
         for m in self.subsets:
             if m not in self.ready_subsets:
-                L.compiled_subset(m, self.cfg.engine.micro_batch)
+                L.programs.subset(m, self.cfg.engine.micro_batch)
                 self.ready_subsets.append(m)
                 yield
         if L.slots is not None:
-            L.compiled_reset()
+            L.programs.reset()
             yield
             if self.parking.enabled:
-                L.compiled_read_slot()
-                L.compiled_write_slot()
+                L.programs.read_slot()
+                L.programs.write_slot()
                 yield
 
     # ---- ingest -----------------------------------------------------------------------
@@ -337,19 +337,19 @@ class EngineCore:
         when count is 1; a burst is copied in step by step) (determinism.md)."""
         L = self.learner
         if m is not None:
-            rows = L.step_subset_unchecked(idx, count, xs, ys, active, learn)
-            return [L.decode(rows[j], m=m) for j in range(count)]
+            rows = L.programs.run_subset(idx, count, xs, ys, active, learn)
+            return [L.programs.decode(rows[j], m=m) for j in range(count)]
         if self.looped:
-            rows = L.step_loop_unchecked(count, xs, ys, active, learn)
-            return [L.decode(rows[j]) for j in range(count)]
+            rows = L.programs.run_loop(count, xs, ys, active, learn)
+            return [L.programs.decode(rows[j]) for j in range(count)]
         if count == 1:
-            return [L.decode(L.step_unchecked(*call))]
+            return [L.programs.decode(L.programs.run(*call))]
         call, one = self._inputs(1)
         results = []
         for j in range(count):
             for view, steps in zip(one, (xs, ys, active, learn)):
                 view[0] = steps[j]
-            results.append(L.decode(L.step_unchecked(*call)))
+            results.append(L.programs.decode(L.programs.run(*call)))
         return results
 
     def _subset_index(self, m, busy, out):
@@ -375,16 +375,16 @@ class EngineCore:
         if views is None:
             L = self.learner
             if m == "loop":       # (count, x, y, active, learn): fill the last four
-                call = L.compiled_loop(k).inputs.views
+                call = L.programs.loop(k).inputs.views
                 views = (call, call[1:])
             elif m == "burst":    # k steps for k one-step calls (``_call``)
-                x, y, a = L._example_inputs(k)
+                x, y, a = L.programs.example_inputs(k)
                 views = (None, (x, y, a, a.copy()))
             elif m is not None:   # (slot indices, count, x, y, active, learn): fill the last four
-                call = L.compiled_subset(m, k).inputs.views
+                call = L.programs.subset(m, k).inputs.views
                 views = (call, call[2:])
             else:       # the one-step program's inputs have no step axis: fill them as (1, ...)
-                call = L.compiled().inputs.views
+                call = L.programs.step().inputs.views
                 views = (call, tuple(v[None] for v in call))
             self._input_cache[(k, m)] = views
         views[1][2].fill(False)

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-__all__ = ["Adam", "adam"]
+__all__ = ["Adam", "ClippedAdam", "adam", "clipped"]
 
 
 class Adam(optax.GradientTransformation):
@@ -61,4 +61,27 @@ def adam(learning_rate: float = 1e-3, b1: float = 0.9, b2: float = 0.999, eps: f
         return inner
     out = Adam(inner.init, inner.update)
     out.hyper = (float(learning_rate), b1, b2, eps, eps_root)
+    return out
+
+
+class ClippedAdam(optax.GradientTransformation):
+    """``optax.chain(optax.clip_by_global_norm(max_norm), adam)``'s ``(init, update)`` and
+    state, stepped in place like ``Adam``: the gradients scaled to a global norm of at most
+    ``max_norm`` (optax's own clip), then ``Adam.guarded_step``. A non-finite gradient makes
+    the norm non-finite, so the guard keeps every value it reaches, as optax's chain then a
+    per-value guard does."""
+
+    def guarded_step(self, grads, state, params, use):
+        grads, _ = optax.clip_by_global_norm(self.max_norm).update(grads, state[0])
+        params, inner = self.adam.guarded_step(grads, state[1], params, use)
+        return params, (state[0], inner)
+
+
+def clipped(max_norm: float, opt: optax.GradientTransformation) -> optax.GradientTransformation:
+    """``optax.chain(optax.clip_by_global_norm(max_norm), opt)``; in place when opt is ``adam``."""
+    chain = optax.chain(optax.clip_by_global_norm(max_norm), opt)
+    if not isinstance(opt, Adam):
+        return chain
+    out = ClippedAdam(chain.init, chain.update)
+    out.adam, out.max_norm = opt, max_norm
     return out

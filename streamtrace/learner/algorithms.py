@@ -1,29 +1,83 @@
-"""Algorithm choice by name, for configs and the learner."""
+"""Eligibility-trace algorithms as values (``d_rtrl()``, ``es_d_rtrl(decay=0.9)``, ``rtrl()``),
+and their names, for configs and as a shorthand (``algorithm="d-rtrl"``)."""
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
 
 from ..etrace import D_RTRL, ES_D_RTRL, RTRL, ETraceVjpAlgorithm
 
-__all__ = ["make_algorithm", "ALGORITHMS"]
+__all__ = ["Algorithm", "d_rtrl", "es_d_rtrl", "rtrl", "algorithm_named", "make_algorithm", "ALGORITHMS"]
 
 ALGORITHMS = ("d-rtrl", "es-d-rtrl", "rtrl")
+_ALIASES = {"pp-prop": "es-d-rtrl", "esd-rtrl": "es-d-rtrl"}
 
 
-def make_algorithm(algorithm, model, example_x, *, decay=None, rank=None, signal=None) -> ETraceVjpAlgorithm:
-    """``algorithm``: a name from ALGORITHMS, or a callable ``(model, example_x) -> algorithm``."""
-    if callable(algorithm) and not isinstance(algorithm, str):
-        algo = algorithm(model, example_x)
-        if not isinstance(algo, ETraceVjpAlgorithm):
-            raise TypeError(f"algorithm factory returned {type(algo).__name__}, not an ETraceVjpAlgorithm")
-        return algo
-    name = str(algorithm).lower().replace("_", "-")
-    if name in ("es-d-rtrl", "pp-prop", "esd-rtrl"):
-        if decay is None and rank is None:
-            decay = 0.9
-        return ES_D_RTRL(model, example_x, decay=decay, rank=rank, signal=signal)
+@dataclass(frozen=True)
+class Algorithm:
+    """An algorithm and its settings, built for a model by ``build(model, example_x)``.
+    ``decay`` / ``rank``: ES-D-RTRL's trace approximation; ``signal``: the learning signal
+    (None: the exact one; e.g. ``RandomFeedback``)."""
+    name: str
+    decay: float | None = None
+    rank: int | None = None
+    signal: Any = None
+
+    def __post_init__(self):
+        if self.name not in ALGORITHMS:
+            raise ValueError(f"unknown algorithm {self.name!r}; use one of {ALGORITHMS}")
+        if self.name != "es-d-rtrl" and (self.decay is not None or self.rank is not None):
+            raise ValueError(f"decay/rank apply to es-d-rtrl only, not {self.name!r}")
+
+    def build(self, model, example_x) -> ETraceVjpAlgorithm:
+        if self.name == "es-d-rtrl":
+            return ES_D_RTRL(model, example_x, decay=self.decay, rank=self.rank, signal=self.signal)
+        if self.name == "d-rtrl":
+            return D_RTRL(model, example_x, signal=self.signal)
+        return RTRL(model, example_x, signal=self.signal)
+
+
+def d_rtrl(signal=None) -> Algorithm:
+    """D-RTRL: diagonal traces, one per weight (the default)."""
+    return Algorithm("d-rtrl", signal=signal)
+
+
+def es_d_rtrl(decay: float | None = None, rank: int | None = None, signal=None) -> Algorithm:
+    """ES-D-RTRL (pp-prop): low-rank traces; without decay or rank, decay 0.9."""
+    if decay is None and rank is None:
+        decay = 0.9
+    return Algorithm("es-d-rtrl", decay=decay, rank=rank, signal=signal)
+
+
+def rtrl(signal=None) -> Algorithm:
+    """RTRL: exact traces (costly: hidden x weights per slot)."""
+    return Algorithm("rtrl", signal=signal)
+
+
+def algorithm_named(name: str, *, decay=None, rank=None, signal=None) -> Algorithm:
+    """The algorithm called ``name`` (one of ALGORITHMS, or "pp-prop"), with its settings."""
+    key = str(name).lower().replace("_", "-")
+    key = _ALIASES.get(key, key)
+    if key == "es-d-rtrl":
+        return es_d_rtrl(decay, rank, signal)
+    if key not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {name!r}; use one of {ALGORITHMS}, an Algorithm value or a factory")
     if decay is not None or rank is not None:
-        raise ValueError(f"decay/rank apply to es-d-rtrl only, not {algorithm!r}")
-    if name == "d-rtrl":
-        return D_RTRL(model, example_x, signal=signal)
-    if name == "rtrl":
-        return RTRL(model, example_x, signal=signal)
-    raise ValueError(f"unknown algorithm {algorithm!r}; use one of {ALGORITHMS} or a factory")
+        raise ValueError(f"decay/rank apply to es-d-rtrl only, not {name!r}")
+    return Algorithm(key, signal=signal)
+
+
+def make_algorithm(algorithm, model, example_x) -> ETraceVjpAlgorithm:
+    """``algorithm``: an ``Algorithm`` value, a name from ALGORITHMS, or a callable
+    ``(model, example_x) -> algorithm``."""
+    if isinstance(algorithm, str):
+        algorithm = algorithm_named(algorithm)
+    if isinstance(algorithm, Algorithm):
+        return algorithm.build(model, example_x)
+    if not callable(algorithm):
+        raise TypeError(f"algorithm must be an Algorithm (st.d_rtrl(), st.es_d_rtrl(...), st.rtrl()), "
+                        f"a name from {ALGORITHMS} or a factory (model, example_x) -> algorithm; got {algorithm!r}")
+    algo = algorithm(model, example_x)
+    if not isinstance(algo, ETraceVjpAlgorithm):
+        raise TypeError(f"algorithm factory returned {type(algo).__name__}, not an ETraceVjpAlgorithm")
+    return algo

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import fnmatch
 
+import jax
 import numpy as np
 import optax
 
@@ -22,38 +23,61 @@ from .packing import Layout
 __all__ = ["ParamGroups", "param_groups", "ParamStore"]
 
 
-class ParamGroups:
-    def __init__(self, groups: dict):
+class ParamGroups(optax.GradientTransformation):
+    """An optax transform (``optax.multi_transform`` of the groups' transforms over the
+    parameters' names, nested dict keys joined by "."; a frozen group ``set_to_zero``) that
+    the learner takes apart to store each group's weights as a block of its own."""
+
+    def __new__(cls, groups: dict):
         if not groups:
             raise ValueError("param_groups: give at least one group")
-        self.groups = {}
+        checked = {}
         for name, spec in groups.items():
             if not (isinstance(spec, tuple) and len(spec) == 2 and isinstance(spec[0], str)):
                 raise TypeError(f"param_groups: group {name!r} must be (pattern, optax transform or None)")
             pattern, tx = spec
             if tx is not None and not isinstance(tx, optax.GradientTransformation):
                 raise TypeError(f"param_groups: group {name!r}: {type(tx).__name__} is not an optax transform")
-            self.groups[name] = (pattern, tx)
+            checked[name] = (pattern, tx)
+        txs = {g: optax.set_to_zero() if tx is None else tx for g, (_, tx) in checked.items()}
+        inner = optax.multi_transform(txs, lambda params: _labels(checked, params))
+        self = super().__new__(cls, inner.init, inner.update)
+        self.groups = checked
+        return self
+
+    def group_of(self, name: str) -> str:
+        """The group whose pattern first matches parameter ``name``."""
+        return _group_of(self.groups, name)
 
     def assign(self, names) -> dict:
         """{group: [parameter names]}; every parameter must fall in a group."""
         out = {g: [] for g in self.groups}
         for n in names:
-            for g, (pattern, _) in self.groups.items():
-                if fnmatch.fnmatchcase(n, pattern):
-                    out[g].append(n)
-                    break
-            else:
-                raise ValueError(f"param_groups: parameter {n!r} matches no group pattern "
-                                 f"{[p for p, _ in self.groups.values()]}; add a catch-all ('*')")
+            out[self.group_of(n)].append(n)
         return {g: ns for g, ns in out.items() if ns}
 
     def describe(self) -> dict:
         return {g: p for g, (p, _) in self.groups.items()}
 
 
+def _group_of(groups: dict, name: str) -> str:
+    for g, (pattern, _) in groups.items():
+        if fnmatch.fnmatchcase(name, pattern):
+            return g
+    raise ValueError(f"param_groups: parameter {name!r} matches no group pattern "
+                     f"{[p for p, _ in groups.values()]}; add a catch-all ('*')")
+
+
+def _labels(groups: dict, params):
+    """Each parameter's group, by its name (the keys on its path, joined by ".")."""
+    def name(path):
+        return ".".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
+    return jax.tree_util.tree_map_with_path(lambda path, _: _group_of(groups, name(path)), params)
+
+
 def param_groups(**groups) -> ParamGroups:
-    """``name=(pattern, transform)``; transform None freezes the group (see module doc)."""
+    """``name=(pattern, transform)``; transform None freezes the group (see module doc): an
+    optax transform over ``{parameter name: array}``, stored by the learner a block per group."""
     return ParamGroups(groups)
 
 

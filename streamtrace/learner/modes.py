@@ -1,18 +1,37 @@
-"""Learning modes beyond the plain names ("supervised", "forecast", "predict")."""
+"""Learning modes as values, with their options; the plain names ("supervised", "forecast",
+"predict") are the modes with default options."""
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
-__all__ = ["Forecast"]
+__all__ = ["Supervised", "Forecast", "mode_parts"]
+
+
+def _check_every(learn_every, where):
+    if not isinstance(learn_every, numbers.Integral) or isinstance(learn_every, bool) or learn_every < 1:
+        raise ValueError(f"{where}: learn_every must be an integer >= 1; got {learn_every!r}")
+
+
+@dataclass(frozen=True)
+class Supervised:
+    """Supervised mode (a target with every x) with options: ``learn_every`` k sums k steps'
+    gradients into one optimizer update."""
+    learn_every: int = 1
+
+    def __post_init__(self):
+        _check_every(self.learn_every, "Supervised")
 
 
 @dataclass(frozen=True)
 class Forecast:
     """Forecast mode with options: ``channels`` the input channels to predict (the others are
     exogenous inputs; None: all), ``horizon`` how many steps ahead each step predicts (the
-    model is run forward on its own predictions inside the step; learning uses step one)."""
+    model is run forward on its own predictions inside the step; learning uses step one),
+    ``learn_every`` k sums k steps' gradients into one optimizer update."""
     channels: tuple | None = None
     horizon: int = 1
+    learn_every: int = 1
 
     def __post_init__(self):
         if self.channels is not None:
@@ -24,3 +43,16 @@ class Forecast:
             object.__setattr__(self, "channels", ch)
         if not isinstance(self.horizon, int) or self.horizon < 1:
             raise ValueError(f"Forecast: horizon must be an integer >= 1; got {self.horizon!r}")
+        _check_every(self.learn_every, "Forecast")
+
+
+def mode_parts(mode) -> tuple:
+    """(mode name, Forecast options or None, learn_every) of a mode value or name ("supervised",
+    "forecast", "predict"; an unknown name is refused by the step, naming the modes)."""
+    if isinstance(mode, Forecast):
+        return "forecast", mode, mode.learn_every
+    if isinstance(mode, Supervised):
+        return "supervised", None, mode.learn_every
+    if isinstance(mode, str) and mode == "forecast":
+        return "forecast", Forecast(), 1
+    return mode, None, 1

@@ -27,7 +27,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from .adam import clipped
 from .groups import SEPARATE_FROM, ParamStore
+from .optimizers import OptimizerParts
 from .rolling import RollingMetrics
 from .transforms import Identity
 
@@ -160,12 +162,13 @@ class StepFunctions:
 
     ``transform`` (signal transforms, e.g. normalise + residual) sits between the user's units
     and the model; ``readout`` (e.g. RLS) maps the model's output features to the prediction.
-    ``optimizer="frozen"``: the model's weights never change (a fixed reservoir), so no traces
-    are kept and no gradient is taken; only the readout and the transforms learn.
+    ``optimizer`` (learner/optimizers.py): frozen, the model's weights never change (a fixed
+    reservoir), so no traces are kept and no gradient is taken; only the readout and the
+    transforms learn. Otherwise an optax transform or parameter groups, behind a clip.
     """
 
-    def __init__(self, algo, loss_fn, optimizer, cfg: StepConfig, *, transform=None, readout=None,
-                 groups=None, y_shape=None, clip=None, combine=None):
+    def __init__(self, algo, loss_fn, optimizer: OptimizerParts, cfg: StepConfig, *, transform=None,
+                 readout=None, y_shape=None, combine=None):
         if cfg.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}; got {cfg.mode!r}")
         if cfg.learn_every < 1:
@@ -178,11 +181,11 @@ class StepFunctions:
         self.transform = (transform or Identity()).bind(channels)
         self.readout = readout
         self.combine = combine      # e.g. experts(): the prediction a user gets (see experts.py)
-        self.learn_model = not (isinstance(optimizer, str) and optimizer == "frozen")
-        self.store = ParamStore(algo.graph.init_params(), groups, separate=not self.learn_model)
-        opt = self.store.optimizer(optimizer) if self.learn_model else None
-        if opt is not None and clip is not None:
-            opt = optax.chain(optax.clip_by_global_norm(clip), opt)
+        self.learn_model = not optimizer.frozen
+        self.store = ParamStore(algo.graph.init_params(), optimizer.groups, separate=not self.learn_model)
+        opt = self.store.optimizer(optimizer.base) if self.learn_model else None
+        if opt is not None and optimizer.clip is not None:
+            opt = clipped(optimizer.clip, opt)    # Adam behind a clip: still in place
         self.opt = opt
         # the optimizer updates each value in one guarded pass (learner.adam) instead of a
         # select per state leaf after it: buffers can then be donated (see OnlineLearner)

@@ -4,7 +4,7 @@ readout such as ``streamtrace.learner.rls`` reads), with the knobs reservoirpy u
     u_t = tanh(x_t W_in + b + h_{t-1} W),   h_t = (1 - leak) h_{t-1} + leak u_t
 
 Both weights act through marked ops, so the same module serves as a fixed reservoir
-(``optimizer="frozen"``) or as a recurrent network whose weights learn through eligibility
+(``optimizer=st.frozen()``) or as a recurrent network whose weights learn through eligibility
 traces (the hybrid): D-RTRL keeps the leak exactly and cuts the dense W path.
 """
 from __future__ import annotations

@@ -1,0 +1,393 @@
+"""A learner's compiled programs: what the engine calls (``learner.programs``).
+
+The user steps a learner through ``OnlineLearner.step`` / ``step_many`` / ``step_slots``;
+the engine needs more: the packed programs themselves (to fill their input views in place
+and to compile them on a warm-up thread), runs without validation, and the raw output
+vector decoded apart. Those live here, apart from the user's surface.
+
+Every program is built once, by whichever thread asks first, under one lock (two threads
+never trace at once), from the state's shapes (``avals``): the buffers themselves may be
+donated by a step on the serving thread while another thread compiles. Per-slot models of
+a learner that may step a few slots at a time step in pairs in every program, so that all
+of them round alike (``_in_pairs``, docs/decisions/determinism.md).
+"""
+from __future__ import annotations
+
+import math
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .inputs import PackedInputs
+from .result import StepResult
+from .step import COUNTERS
+from .subset import SlotRows
+from .xla_options import step_compiler_options
+
+__all__ = ["Programs", "PAIR"]
+
+PAIR = 2     # per-slot models step this many slots at a time (see Programs._in_pairs)
+
+
+class _Call:
+    """A compiled step ``fn(small, alone, io)`` (or ``fn(buffers, io)``) called as
+    ``fn(buffers, *inputs)``: the inputs cross as one packed buffer (see inputs.py);
+    ``inputs.views`` are arrays a caller may fill in place. Its other attributes (``as_text``,
+    ``cost_analysis``, ...) are the compiled program's."""
+
+    def __init__(self, compiled, inputs: PackedInputs, n: int | None):
+        self.compiled, self.inputs, self.n = compiled, inputs, n
+
+    def __call__(self, buffers, *args):
+        io = self.inputs.pack(*args)
+        if self.n is None:
+            return self.compiled(buffers, io)
+        return self.compiled(buffers[:self.n], buffers[self.n:], io)
+
+    def __getattr__(self, name):
+        return getattr(self.compiled, name)
+
+
+class Programs:
+    """The compiled programs of one learner, over its buffers (``learner.buffers``, which the
+    ``run*`` calls replace).
+
+    Programs (each compiled once, cached by key): ``step(k)`` (key k: None for one step, or
+    a scan of k), ``loop(k)`` (("loop", k)), ``subset(m, k)`` (("subset", m, k)), ``reset()``,
+    ``read_slot()``, ``write_slot()``. Runs without validation: ``run``, ``run_loop``,
+    ``run_subset``; ``decode`` splits their output vectors. ``pure_step()``: the step as a
+    pure function of the named state tree."""
+
+    def __init__(self, learner, init_buffers):
+        self._learner = learner
+        L = learner
+        self.layout, self.fns, self.n, self.slots = L.layout, L.fns, L.n, L.slots
+        self.per_slot, self.pairs, self.donate, self.horizon = L.per_slot, L.pairs, L.donate, L.horizon
+        self.x_shape, self.x_dtype, self.out_shape, self.y_dtype = L.x_shape, L.x_dtype, L.out_shape, L.y_dtype
+        self._init_buffers = init_buffers
+        # the buffers' shapes, to compile from: the buffers themselves may be donated (deleted)
+        # by a step on the serving thread while another thread compiles (the engine's warm-up)
+        self.avals = tuple(jax.ShapeDtypeStruct(b.shape, b.dtype) for b in L.buffers)
+        self._compiled = {}
+        self._compile_lock = threading.Lock()   # one thread traces and compiles at a time
+        self._slot_shapes = None
+
+    # ---- the cache ----------------------------------------------------------------------
+    def _program(self, key, build):
+        """The compiled program ``key``, built once (``build()``) by whichever thread asks
+        first; a program is never seen half-built, and two threads never trace at once."""
+        prog = self._compiled.get(key)
+        if prog is None:
+            with self._compile_lock:
+                prog = self._compiled.get(key)
+                if prog is None:
+                    prog = self._compiled[key] = build()
+        return prog
+
+    def is_compiled(self, key) -> bool:
+        return key in self._compiled
+
+    def keys(self) -> list:
+        """The keys of the programs compiled so far."""
+        return list(self._compiled)
+
+    # ---- the programs -------------------------------------------------------------------
+    def step(self, k: int | None = None):
+        """The AOT-compiled packed step (cached per micro-batch size)."""
+        def build():
+            x, y, a = self.example_inputs(k)
+            return self.packed(self._fn(k), (x, y, a, a), self.options(self.n, loop=k is not None),
+                               donate="alone" if self.donate else None)
+        return self._program(k, build)
+
+    def subset(self, m: int, k: int = 1):
+        """The AOT-compiled steps of m slots, up to k steps per call (see ``_fn_subset``).
+        Its buffers are always donated: the m slots are written back in place."""
+        if self.slots is None or not 1 <= m <= self.n or k < 1:
+            raise ValueError(f"a subset step needs a learner with slots, 1 <= m <= {self.n} and k >= 1; "
+                             f"got m={m}, k={k}")
+
+        def build():
+            x, y, a = self.example_inputs(k, m)
+            return self.packed(self._fn_subset(), (np.zeros(m, np.int32), np.int32(1), x, y, a, a),
+                               self.options(m, loop=True), donate="all")
+        return self._program(("subset", m, k), build)
+
+    def loop(self, k: int):
+        """The AOT-compiled steps of all slots, up to k steps per call, their number given at
+        run time (see ``_fn_loop``): one program for any micro-batch size."""
+        if k < 1:
+            raise ValueError(f"a loop step needs k >= 1; got k={k}")
+
+        def build():
+            x, y, a = self.example_inputs(k)
+            return self.packed(self._fn_loop(), (np.int32(1), x, y, a, a), self.options(self.n, loop=True),
+                               donate="alone" if self.donate else None)
+        return self._program(("loop", k), build)
+
+    def reset(self):
+        """The compiled slot reset: (buffers, slot) -> buffers."""
+        init = self._init_buffers
+
+        def reset(buffers, i):
+            state = self.layout.unpack(buffers)
+            fresh = self.slot_part(self.layout.unpack(init))    # in the program: no eager ops
+            part = jax.tree_util.tree_map(lambda a, b: a.at[i].set(b[i]), self.slot_part(state), fresh)
+            return self.layout.pack(self._with_slot_part(state, part))
+        return self._program("reset", lambda: jax.jit(reset).lower(self.avals, np.int32(0)).compile())
+
+    def read_slot(self):
+        """The compiled slot read: (buffers, slot) -> that slot's ``slot_part``."""
+        def read(buffers, i):
+            return jax.tree_util.tree_map(lambda a: a[i], self.slot_part(self.layout.unpack(buffers)))
+        return self._program("read_slot", lambda: jax.jit(read).lower(self.avals, np.int32(0)).compile())
+
+    def write_slot(self):
+        """The compiled slot write: (buffers, slot, part) -> buffers."""
+        def write(buffers, i, part):
+            state = self.layout.unpack(buffers)
+            new = jax.tree_util.tree_map(lambda a, b: a.at[i].set(b), self.slot_part(state), part)
+            return self.layout.pack(self._with_slot_part(state, new))
+        return self._program("write_slot", lambda: jax.jit(write).lower(self.avals, np.int32(0),
+                                                                          self.slot_struct()).compile())
+
+    def example_inputs(self, k, n=None):
+        """Zero (x, y, active) of a call of k steps (None: one step) over n slots (all)."""
+        lead = () if k is None else (k,)
+        slot = () if self.slots is None else (n or self.n,)
+        x = np.zeros(lead + slot + self.x_shape, self.x_dtype)
+        y = np.zeros(lead + slot + self.out_shape, self.y_dtype)
+        return x, y, np.ones(lead + (n or self.n,), bool)
+
+    def pure_step(self):
+        """The step as a pure function of the named state tree (for tests and composition)."""
+        def step(state, x, y=None, active=None, learn=None):
+            y = jnp.zeros(jnp.shape(x)[:-len(self.x_shape)] + self.out_shape) if y is None else y
+            active = jnp.ones(self.n, bool) if active is None else active
+            learn = jnp.ones(self.n, bool) if learn is None else learn
+            squeeze = self.slots is None
+            xs, ys = (x[None], y[None]) if squeeze else (x, y)
+            state, out, loss, applied = self._core(state, xs, ys, active, learn)
+            return state, (out[0] if squeeze else out), loss, applied
+        return step
+
+    # ---- runs (the engine's path: no validation) ---------------------------------------
+    def run(self, x, y, active, learn, k: int | None = None) -> np.ndarray:
+        """Arrays already of the right shapes and dtypes (a leading k axis for k steps), no
+        validation; returns the raw output vector (see ``decode``)."""
+        L = self._learner
+        L.buffers, vec = self.step(k)(L.buffers, x, y, active, learn)
+        return np.asarray(vec)
+
+    def run_loop(self, count: int, xs, ys, active, learn) -> np.ndarray:
+        """For many busy slots: ``count`` steps of all slots; xs, ys, active, learn (K, N, ...)
+        of which the first ``count`` are used (K: the compiled size, see ``loop``). Returns
+        (K, vector) rows; the first ``count`` are the steps'."""
+        L = self._learner
+        L.buffers, vecs = self.loop(len(xs))(L.buffers, np.int32(count), xs, ys, active, learn)
+        return np.asarray(vecs)
+
+    def run_subset(self, idx, count: int, xs, ys, active, learn) -> np.ndarray:
+        """For a few busy slots: ``count`` steps of slots ``idx`` (m,) int32, distinct; xs, ys,
+        active, learn (K, m, ...) of which the first ``count`` are used (K: the compiled size,
+        see ``subset``). Returns (K, vector) rows; the first ``count`` are the steps' results
+        (``decode(row, m=m)``)."""
+        L = self._learner
+        m, k = len(idx), len(xs)
+        L.buffers, vecs = self.subset(m, k)(L.buffers, idx, np.int32(count), xs, ys, active, learn)
+        return np.asarray(vecs)
+
+    def decode(self, vec, k: int | None = None, m: int | None = None) -> list[StepResult] | StepResult:
+        """Split ``run``'s vector into StepResults (a list when k is given); m: the slot count
+        of a subset step."""
+        return self._decode(vec, m) if k is None else [self._decode(v, m) for v in vec.reshape(k, -1)]
+
+    def _decode(self, vec, n: int | None = None) -> StepResult:
+        n = n or self.n
+        one = self.out_shape if self.horizon == 1 else (self.horizon,) + self.out_shape
+        pred_shape = one if self.slots is None else (n,) + one
+        n_out = math.prod(pred_shape)
+        pred = vec[:n_out].reshape(pred_shape)
+        loss = vec[n_out:n_out + n]
+        applied = vec[n_out + n:] > 0.5
+        return StepResult(pred, loss, applied if self.per_slot else bool(applied[0]))
+
+    # ---- a slot's part of the state -----------------------------------------------------
+    def slot_part(self, state) -> dict:
+        """The leaves of ``state`` that belong to the slots (slot axis first): everything with
+        per-slot weights; otherwise hidden state, traces, pending input, the signal transform's
+        statistics, the readout and the per-slot loss and rolling metrics. One definition for
+        ``reset`` and for ``read_slot`` / ``write_slot`` (the engine's parking)."""
+        if self.per_slot:
+            return state
+        part = {k: state[k] for k in ("hidden", "traces", "pending", "signal", "readout", "combine") if k in state}
+        part["stats"] = {k: state["stats"][k] for k in ("preq_sum", "preq_n", "roll")}
+        return part
+
+    def _with_slot_part(self, state, part) -> dict:
+        """``state`` with its slot leaves replaced by ``part`` (a ``slot_part``)."""
+        if self.per_slot:
+            return part
+        return {**state, **{k: v for k, v in part.items() if k != "stats"},
+                "stats": {**state["stats"], **part["stats"]}}
+
+    def slot_struct(self):
+        """One slot's part as shapes (traced once)."""
+        if self._slot_shapes is None:
+            self._slot_shapes = jax.eval_shape(lambda b: jax.tree_util.tree_map(
+                lambda a: a[0], self.slot_part(self.layout.unpack(b))), self.avals)
+        return self._slot_shapes
+
+    def _slot_names(self) -> list[str]:
+        """The names of the per-slot leaves (``slot_part`` of the state with its names as leaves)."""
+        return jax.tree_util.tree_leaves(self.slot_part(jax.tree_util.tree_unflatten(
+            self.layout.treedef, list(self.layout.names))))
+
+    # ---- the step's computation ---------------------------------------------------------
+    def _core(self, state, x, y, active, learn):
+        """One step on named state; x/y/active/learn carry the slot axis (size N)."""
+        if not self.per_slot:
+            return self.fns.step(state, x, y, active, learn)
+        if self.pairs:
+            return self._in_pairs(state, x, y, active, learn)
+        return self.each_model(state, x, y, active, learn)
+
+    def each_model(self, s, x, y, a, l):
+        """The given slots' steps, a model each, vmapped over them (a pair in ``_in_pairs``)."""
+        def one(s, x, y, a, l):
+            s, out, loss, applied = self.fns.step(s, x[None], y[None], a[None], l[None])
+            return s, out[0], loss[0], applied
+        return jax.vmap(one)(s, x, y, a, l)
+
+    def _idle_pair(self, s, like):
+        """Two idle slots: their state as it is, but for the count of calls (as the step
+        counts an inactive slot); no prediction, no loss, no update."""
+        counters = s["stats"]["counters"].at[:, COUNTERS.index("step")].add(1)
+        out, loss, applied = (jnp.zeros(v.shape, v.dtype) for v in like)
+        return ({**s, "stats": {**s["stats"], "counters": counters}}, out, loss + jnp.nan, applied)
+
+    def _in_pairs(self, state, x, y, active, learn):
+        """Per-slot models, two slots at a time in a loop (pairs without an active slot skip
+        their step). Every program -- one step, a micro-batch, a subset of any size -- then
+        runs the same two-slot computation: XLA compiles a step for the number of slots it
+        is given, and with 2, 4, 16 or 64 it chose different kernels that rounded the same
+        slot differently (docs/decisions/determinism.md). A slot keeps its place in its pair
+        (slots 2k and 2k+1) in every program: the engine's subset calls take whole pairs.
+        The loop's count is hidden from XLA, which would otherwise inline a loop of one pair
+        and compile it in context."""
+        n, c = x.shape[0], PAIR
+        if n % c:     # an odd subset (step_slots): one more slot, idle, its results dropped
+            grow = lambda v, fill=None: jnp.concatenate([v, v[-1:] if fill is None else jnp.full_like(v[-1:], fill)])
+            state, out, loss, applied = self._in_pairs(jax.tree_util.tree_map(grow, state), grow(x), grow(y),
+                                                       grow(active, False), grow(learn, False))
+            return jax.tree_util.tree_map(lambda v: v[:n], state), out[:n], loss[:n], applied[:n]
+        part = lambda tree, j: jax.tree_util.tree_map(lambda v: jax.lax.dynamic_slice_in_dim(v, j * c, c, 0), tree)
+        like = jax.eval_shape(self.each_model, part(state, 0), x[:c], y[:c], active[:c], learn[:c])[1:]
+        outs = tuple(jnp.zeros((n,) + v.shape[1:], v.dtype) for v in like)
+
+        def body(j, carry):
+            state, outs = carry
+            args = (part(state, j), part(x, j), part(y, j), part(active, j), part(learn, j))
+            s, *got = jax.lax.cond(jnp.any(args[3]), lambda a: self.each_model(*a),
+                                   lambda a: self._idle_pair(a[0], like), args)
+            put = lambda v, u: jax.lax.dynamic_update_slice_in_dim(v, u, j * c, 0)
+            return jax.tree_util.tree_map(put, state, s), tuple(put(o, g) for o, g in zip(outs, got))
+        pairs = jax.lax.optimization_barrier(jnp.int32(n // c))
+        state, (out, loss, applied) = jax.lax.fori_loop(0, pairs, body, (state, outs))
+        return state, out, loss, applied
+
+    def pack_out(self, out, loss, applied):
+        """A step's prediction, loss and applied flags as one output vector (see ``decode``)."""
+        dt = jnp.result_type(out.dtype, jnp.float32)
+        return jnp.concatenate([jnp.ravel(out).astype(dt), loss.astype(dt), jnp.ravel(applied).astype(dt)])
+
+    def _fn(self, k: int | None):
+        """The pure packed step: (buffers, x, y, active, learn) -> (buffers, out vector).
+        k=None: one step; k: a scan over k pending steps (micro-batching)."""
+        layout = self.layout
+
+        def fn(buffers, x, y, active, learn):
+            state, vec = self._steps(layout.unpack(buffers), k, x, y, active, learn)
+            return layout.pack(state), vec
+        return fn
+
+    def _steps(self, state, k, x, y, active, learn):
+        squeeze = self.slots is None
+
+        def single(state, x, y, active, learn):
+            if squeeze:
+                x, y = x[None], y[None]
+            state, out, loss, applied = self._core(state, x, y, active, learn)
+            return state, self.pack_out(out[0] if squeeze else out, loss, applied)
+        if k is None:
+            return single(state, x, y, active, learn)
+        state, vecs = jax.lax.scan(lambda s, xs: single(s, *xs), state, (x, y, active, learn))
+        return state, jnp.ravel(vecs)
+
+    def _loop_steps(self, state, count, xs, ys, active, learn):
+        """The first ``count`` of the K steps in xs (K, slots, ...): (state, (K, vector))."""
+        one = jax.eval_shape(lambda s: self._steps(s, None, xs[0], ys[0], active[0], learn[0])[1], state)
+        vecs = jnp.zeros((xs.shape[0],) + one.shape, one.dtype)
+
+        def body(i, carry):
+            state, vecs = carry
+            state, vec = self._steps(state, None, xs[i], ys[i], active[i], learn[i])
+            return state, vecs.at[i].set(vec)
+        return jax.lax.fori_loop(0, count, body, (state, vecs))
+
+    def _fn_loop(self):
+        """Steps of all slots: (buffers, count, xs, ys, active, learn) with xs (K, N, ...): the
+        first ``count`` (<= K) steps run, in a loop of run-time length. Every step of it is the
+        same loop body as a subset call's, so a slot's numbers are the same bits whichever of
+        the two served it (docs/decisions/determinism.md)."""
+        layout = self.layout
+
+        def fn(buffers, count, xs, ys, active, learn):
+            state, vecs = self._loop_steps(layout.unpack(buffers), count, xs, ys, active, learn)
+            return layout.pack(state), vecs
+        return fn
+
+    def _fn_subset(self):
+        """Steps of m of the N slots: (buffers, idx (m,), count, xs, ys, active, learn) with
+        xs (K, m, ...): the first ``count`` (<= K) steps run. The m slots' state is read from
+        the buffers (one gather per packed buffer, see subset.py), stepped and written back;
+        the other slots are not read or written, so a call costs m slots, not N. Equal to the
+        full step with only those slots active (tests/test_slot_subset.py)."""
+        layout, n = self.layout, self.n
+        rows = SlotRows(layout, self._slot_names(), n)
+
+        def fn(buffers, idx, count, xs, ys, active, learn):
+            got = rows.gather(buffers, idx)
+            full = layout.treedef.flatten_up_to(layout.unpack(buffers))
+            state = jax.tree_util.tree_unflatten(layout.treedef, [got.get(k, v) for k, v in zip(layout.names, full)])
+            # a loop of run-time length: its carry is a buffer of its own, so the step reads
+            # the m gathered slots from there (a fused gather out of the N-slot buffers would
+            # make XLA copy those whole before writing back into them)
+            state, vecs = self._loop_steps(state, count, xs, ys, active, learn)
+            out = rows.scatter(buffers, idx, dict(zip(layout.names, layout.treedef.flatten_up_to(state))))
+            if self.per_slot:     # every slot counts every call as a step, as in the full step
+                others = jnp.ones(n, jnp.int32).at[idx].set(0)
+                out = rows.add_to_column(out, "stats.counters", COUNTERS.index("step"), count * others)
+            return out, vecs
+        return fn
+
+    # ---- compiling ----------------------------------------------------------------------
+    def options(self, slots, loop):
+        """The XLA options of a step program over ``slots`` slots (learner/xla_options.py)."""
+        return step_compiler_options(slots, leaf_guards=self.fns.opt is not None and not self.fns.in_place, loop=loop)
+
+    def packed(self, fn, args, options, donate: str | None):
+        """``fn(buffers, *args)`` compiled as a ``_Call`` whose args cross as one packed buffer.
+        ``donate``: None, "all" buffers, or "alone": the standalone buffers (weights, moments,
+        traces, an RLS matrix) but not the few packed small ones. XLA reads and rewrites those in
+        one program, so donated it copies them first, and the copy reorders a small step
+        (measured: docs/decisions/step-details.md)."""
+        inputs = PackedInputs(args)
+        if donate == "alone":
+            n = len(self.layout.dtypes)
+            run = jax.jit(lambda small, alone, io: fn(small + alone, *inputs.unpack(io)), donate_argnums=(1,))
+            return _Call(run.lower(self.avals[:n], self.avals[n:], inputs.buffer).compile(options), inputs, n)
+        run = jax.jit(lambda buffers, io: fn(buffers, *inputs.unpack(io)), donate_argnums=(0,) if donate == "all" else ())
+        return _Call(run.lower(self.avals, inputs.buffer).compile(options), inputs, None)
