@@ -23,7 +23,8 @@ def fleet_update(algorithm, xs, ys, slots):
     """The weight change of one learner after T steps whose gradients are summed (learn_every=T)
     and applied once by SGD with step 1: minus the summed gradient."""
     learner = st.OnlineLearner(gru_net(), xs[0, 0], algorithm=algorithm, optimizer=optax.sgd(1.0),
-                               learn_every=T, slots=slots, shared_weights=True, reduce="sum")
+                               mode=st.Supervised(learn_every=T),
+                               slots=st.Slots(slots, shared=True, reduce="sum") if slots else None)
     before = learner.params
     for t in range(T):
         r = learner.step(xs[t] if slots else xs[t, 0], ys[t] if slots else ys[t, 0])
@@ -56,8 +57,8 @@ def test_shared_update_is_the_sum_of_each_stream_learning_alone(x64):
     """D-RTRL (what a fleet runs): the fleet's update against each stream's own, that stream alone
     active in the same learner restored to the start between runs (traces differ per stream)."""
     xs, ys = data(seed=4)
-    learner = st.OnlineLearner(gru_net(), xs[0, 0], algorithm="d-rtrl", optimizer=optax.sgd(1.0),
-                               learn_every=T, slots=STREAMS, shared_weights=True, reduce="sum")
+    learner = st.OnlineLearner(gru_net(), xs[0, 0], algorithm=st.d_rtrl(), optimizer=optax.sgd(1.0),
+                               mode=st.Supervised(learn_every=T), slots=st.Slots(STREAMS, shared=True, reduce="sum"))
     start, before = learner.state_dict(), learner.params
 
     def update(active):
