@@ -83,8 +83,11 @@ class LearningConfig:
 class LearnedConfig:             # trace-learned features beside the model's, under its readout
     stack: str = ""              # "" (none) or a recurrent cell: "gru", "lstm", "rnn" (nn.Beside)
     n_hidden: int = 16
-    optimizer: str = "adam"      # the cell's optimizer (the model's own weights follow learning.*)
-    lr: float = 1e-3
+    # the cell's optimizer (the model's own weights follow learning.*): plain SGD, whose step
+    # shrinks with the gradient; Adam's normalised step moved the features through noise where
+    # the readout had nothing for them and made Mackey-Glass and NARMA-10 worse (docs/quality.md)
+    optimizer: str = "sgd"
+    lr: float = 3e-3
 
 
 @dataclass
