@@ -118,6 +118,9 @@ def main(argv=None) -> int:
     print("\n" + "\n".join(lines))
     if args.md:
         Path(args.md).write_text("\n".join(lines) + "\n")
+        if not args.only:      # a full run: the committed copy too
+            from results_file import write_section
+            write_section("paired", "Paired step timings (`make bench`)", "\n".join(lines))
     if args.json:
         Path(args.json).write_text(json.dumps({"cpu": cpu, "jax": jax.__version__, "rows": rows}, indent=1))
     return 0

@@ -348,6 +348,9 @@ def main(argv=None):
         ("-selected" if a.configs else "") + \
         ("" if a.tasks == TASKS else "-" + "-".join(Path(t).stem for t in a.tasks))   # a partial run: its own file
     (out / f"{stem}.md").write_text(markdown(rows, header) + targets(rows))
+    if stem == "quality":       # a full run: the committed copy too
+        from results_file import write_section
+        write_section("quality", "Learning quality (`make quality`)", markdown(rows, header) + targets(rows))
     (out / f"{stem}.json").write_text(json.dumps({"header": header, "rows": rows}, indent=1, default=str))
     print(markdown(rows, header) + targets(rows))
     return 0
