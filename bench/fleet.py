@@ -18,7 +18,7 @@ default learner); each arm with its own best lr from a small grid, every grid en
 
 Median over 3 seeds (a seed changes the fleet and the model's init). The lr is chosen per arm
 by the median over seeds (per-stream: lowest E_ps, on the scored window itself: generous to the
-per-stream models; shared: lowest S). Writes bench/results/fleet.md and fleet.json; progress on
+per-stream models; shared: lowest S). Writes bench/results/fleet.md and fleet.json (and, on a full run, its section of bench/RESULTS.md); progress on
 stderr.
 
     python bench/fleet.py [--quick] [--steps 12000] [--seeds 0 1 2] [--hidden 32]
@@ -225,6 +225,9 @@ def main():
     (out / "fleet.json").write_text(json.dumps(summary, indent=1))
     md = report(summary, runs, args, best_ps, best_sh, curve_at, ps_curve_at)
     (out / "fleet.md").write_text(md)
+    if not args.quick:      # a full run: the committed copy too
+        from results_file import write_section
+        write_section("fleet", "Fleet learning (`bench/fleet.py`)", md.split("\n", 1)[1])
     print(md)
 
 
