@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .inputs import PackedInputs
+from .labels import apply_label
 from .result import StepResult
 from .step import COUNTERS
 from .subset import SlotRows
@@ -153,6 +154,24 @@ class Programs:
         return self._program("write_slot", lambda: jax.jit(write).lower(self.avals, np.int32(0),
                                                                           self.slot_struct()).compile())
 
+    def label(self):
+        """The compiled label program (``Supervised(label_delay=d)``): (buffers, slot, age, y) ->
+        (buffers, status, loss, applied); status 0: applied, else ``labels.LABEL_CODES`` and the
+        state is unchanged. The buffers are donated (the ring is written in place)."""
+        y = jax.ShapeDtypeStruct(self.out_shape, self.y_dtype)
+
+        def run(buffers, i, age, y):
+            state = self.layout.unpack(buffers)
+            if not self.per_slot:
+                state, status, loss, applied = apply_label(self.fns, state, i, age, y)
+                return self.layout.pack(state), status, loss, applied
+            one = jax.tree_util.tree_map(lambda a: a[i], state)
+            one, status, loss, applied = apply_label(self.fns, one, 0, age, y)
+            state = jax.tree_util.tree_map(lambda a, b: a.at[i].set(b), state, one)
+            return self.layout.pack(state), status, loss, applied
+        return self._program("label", lambda: jax.jit(run, donate_argnums=(0,)).lower(
+            self.avals, np.int32(0), np.int32(0), y).compile())
+
     def example_inputs(self, k, n=None):
         """Zero (x, y, active) of a call of k steps (None: one step) over n slots (all)."""
         lead = () if k is None else (k,)
@@ -222,7 +241,8 @@ class Programs:
         ``reset`` and for ``read_slot`` / ``write_slot`` (the engine's parking)."""
         if self.per_slot:
             return state
-        part = {k: state[k] for k in ("hidden", "traces", "pending", "signal", "readout", "combine") if k in state}
+        part = {k: state[k] for k in ("hidden", "traces", "pending", "signal", "readout", "combine", "labels")
+                if k in state}
         part["stats"] = {k: state["stats"][k] for k in ("preq_sum", "preq_n", "roll")}
         return part
 
