@@ -12,7 +12,7 @@ from .algorithms import make_algorithm
 from .checkpoint import read_checkpoint, write_checkpoint
 from .describe import describe_model, describe_optimizer
 from .losses import get_loss
-from .labels import LABEL_CODES, LabelError, LabelResult
+from .labels import LABEL_CODES, LabelError, LabelledSteps, LabelResult
 from .modes import Supervised, mode_parts
 from .old_keywords import frozen_string, translate
 from .optimizers import optimizer_parts
@@ -115,8 +115,9 @@ class OnlineLearner:
         reduce = slots.reduce if slots is not None else extra.get("reduce", "mean")
         self.cfg = StepConfig(mode, learn_every, reduce, channels, spec.horizon if spec else 1, metrics.window,
                               self.label_delay)
-        self.fns = StepFunctions(self.algo, get_loss(loss), parts, self.cfg, transform=transform, readout=readout,
-                                 y_shape=self.out_shape, combine=combine)
+        steps = LabelledSteps if self.label_delay else StepFunctions
+        self.fns = steps(self.algo, get_loss(loss), parts, self.cfg, transform=transform, readout=readout,
+                         y_shape=self.out_shape, combine=combine)
         self.horizon = self.cfg.horizon
         self.slots = None if slots is None else slots.n
         self.n = self.slots or 1

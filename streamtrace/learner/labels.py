@@ -28,8 +28,10 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 
-__all__ = ["LabelError", "LabelResult", "LABEL_CODES", "ring_bytes", "init_ring", "delayed_step",
-           "apply_label"]
+from .step import StepFunctions, _carried_finite, _lead, _slot_sum, _slot_where
+
+__all__ = ["LabelError", "LabelResult", "LABEL_CODES", "LabelledSteps", "ring_bytes", "init_ring",
+           "delayed_step", "apply_label"]
 
 # the status a label program returns, and the error code of each (0: applied)
 LABEL_CODES = {1: "unknown_label", 2: "label_too_late", 3: "already_labelled", 4: "not_finite"}
@@ -85,17 +87,31 @@ def _put(ring, idx, value, use):
     return jax.vmap(one)(ring, idx, value, use)
 
 
-def delayed_step(fns, state, x, active, learn, finite):
+class LabelledSteps(StepFunctions):
+    """The step functions of ``Supervised(label_delay=d)``: the state has a ``labels`` ring,
+    and a step predicts and keeps its gradient there (``delayed_step``)."""
+
+    def init(self, n_slots, x_shape, x_dtype, params=None, y_shape=None, y_dtype=None) -> dict:
+        state = super().init(n_slots, x_shape, x_dtype, params=params, y_shape=y_shape, y_dtype=y_dtype)
+        p = self.algo.init_state()[0] if params is None else params
+        y_shape = tuple(y_shape) if y_shape is not None else self._y_shape
+        state["labels"] = init_ring(self.cfg.label_delay, n_slots, p, y_shape, y_dtype or x_dtype)
+        return state
+
+    def step(self, state, x, target, active, learn):
+        return delayed_step(self, state, x, active, learn)
+
+
+def delayed_step(fns, state, x, active, learn):
     """The supervised step without a target: predict, advance hidden state and traces, and
-    keep the step's per-output gradient in the ring (slots that learn). ``finite``: the step's
-    ``_carried_finite``. Returns (state, prediction, loss (NaN), applied (False))."""
-    from .step import _lead, _slot_sum, _slot_where
+    keep the step's per-output gradient in the ring (slots that learn). Returns (state,
+    prediction, loss (NaN), applied (False))."""
     ok = active & jnp.isfinite(_slot_sum(x))
     x = jnp.where(_lead(ok, x), x, 0)
     params = fns.from_block(state["params"])
     each = jax.vmap(lambda h, tr, x, k: _one_slot(fns.algo, params, h, tr, x, k))
     out, h, tr, grad = each(state["hidden"], state["traces"], x, ok.astype(jnp.float32))
-    ok = ok & finite(h, tr) & jnp.isfinite(_slot_sum(out))
+    ok = ok & _carried_finite(h, tr) & jnp.isfinite(_slot_sum(out))
     lab = state["labels"]
     d = lab["tag"].shape[1]
     idx = jnp.mod(lab["count"], d)

@@ -29,7 +29,6 @@ import optax
 
 from .adam import clipped
 from .groups import SEPARATE_FROM, ParamStore
-from .labels import delayed_step, init_ring
 from .optimizers import OptimizerParts
 from .rolling import RollingMetrics
 from .transforms import Identity
@@ -230,9 +229,6 @@ class StepFunctions:
                                 "pred": jnp.zeros((n_slots,) + y_shape, y_dtype or x_dtype)}
         if self.combine is not None:
             state["combine"] = self.combine.init(n_slots, n_out, y_dtype or x_dtype)
-        if self.cfg.label_delay:
-            state["labels"] = init_ring(self.cfg.label_delay, n_slots, p0 if params is None else params,
-                                        y_shape, y_dtype or x_dtype)
         sig = self.transform.init(n_slots, tuple(x_shape), y_shape)
         if sig:
             state["signal"] = sig
@@ -254,8 +250,6 @@ class StepFunctions:
             return self._predict(state, x, active)
         if mode == "forecast":
             return self._forecast(state, x, active, learn)
-        if self.cfg.label_delay:
-            return delayed_step(self, state, x, active, learn, _carried_finite)
         return self._supervised(state, x, target, active, learn)
 
     def _weighted(self, losses, learning):
