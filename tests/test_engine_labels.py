@@ -86,10 +86,12 @@ def test_a_y_with_its_x_is_applied_at_once_and_labels_wait_for_queued_steps():
     core = EngineCore(cfg)
     ref = build_learner(cfg, slots=2, shared_weights=cfg.engine.shared_weights)
     both = np.zeros((2, N_IN), np.float32)
-    for s in range(3):       # queued, not stepped: the label runs them first, in order
-        assert core.ingest(data("a", s, xs[s], ys[s] if s == 0 else None), b"o") == [] or s == 0
+    # a y with its x: stepped and learned from at once
+    assert [r["type"] for r in replies(core.ingest(data("a", 0, xs[0], ys[0]), b"o"))] == ["prediction"]
+    for s in (1, 2):         # queued, not stepped: the label runs them first, in order
+        assert core.ingest(data("a", s, xs[s]), b"o") == []
     out = replies(core.ingest(label("a", 1, ys[1]), b"o"))
-    assert [r["type"] for r in out] == ["prediction"] * 3 + ["label_ack"]
+    assert [r["type"] for r in out] == ["prediction"] * 2 + ["label_ack"]
     for s in range(3):
         both[0] = xs[s]
         ref.step(both, active=np.array([True, False]))
