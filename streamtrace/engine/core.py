@@ -243,7 +243,7 @@ class EngineCore:
         if d["y"] is None or d["mode"] != "learn":
             return []
         # delayed labels: a y that comes with its x is that step's label, applied at once
-        return self._apply_label(st, name, seq, d["y"], None)
+        return self._apply_label(st, name, seq, d["y"], origin, ack=False)
 
     # ---- delayed labels (learning.label_delay) ----------------------------------------
     def _recent(self, seqs=None):
@@ -264,26 +264,33 @@ class EngineCore:
                                 "parked): its labels cannot be applied", name, seq)
         if seq not in st.recent:
             late = len(st.recent) == st.recent.maxlen and seq < st.recent[0]
-            why = f"came more than learning.label_delay = {st.recent.maxlen} data messages after its data" \
-                if late else f"has no data message with seq {seq} (yet)"
+            why = f"came after {st.recent.maxlen} or more later data messages (learning.label_delay = " \
+                f"{st.recent.maxlen})" if late else f"has no data message with seq {seq} (yet)"
             return self._refuse(origin, "label_too_late" if late else "unknown_label",
                                 f"stream '{name}': the label of seq {seq} {why}", name, seq)
-        return self._apply_label(st, name, seq, lab["y"], origin)
+        return self._apply_label(st, name, seq, lab["y"], origin, ack=True)
 
-    def _apply_label(self, st, name, seq, y, origin) -> list:
+    def _apply_label(self, st, name, seq, y, origin, ack: bool) -> list:
+        """Run the stream's queued steps, then apply the label of ``seq``; ``ack``: a label
+        message (answered), not the y of a data message (answered by its prediction)."""
         out = []
         while st.pending:        # the label's step and every step before it run first
             out += self.tick()
         try:
             res = self.learner.label(y, age=len(st.recent) - 1 - st.recent.index(seq), slot=st.slot)
         except LabelError as e:
+            if not ack:          # the data message was answered; its y could not be learned from
+                self.metrics.count("labels_refused")
+                return out
             return out + self._refuse(origin, e.code, f"stream '{name}': seq {seq}: {e}", name, seq)
         self.metrics.count("labels")
         self.metrics.count("updates", int(res.applied))
         self.metrics.loss(name, res.loss)
-        if origin is None:
+        if not ack:
             return out
         self.metrics.count("answered")
+        if origin is None:
+            return out
         return out + [("reply", origin, wire.encode({"type": "label_ack", "stream": name, "seq": seq,
                                                      "loss": res.loss, "applied": res.applied}))]
 
