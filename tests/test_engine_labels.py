@@ -2,6 +2,7 @@
 reaches the step its data message made, as the learner's own ``label`` does; bad labels get
 their error code and change nothing; the ring and the streams' recent seqs survive a
 checkpoint; configurations the ring cannot serve are refused naming learning.label_delay."""
+import jax
 import numpy as np
 import pytest
 
@@ -17,8 +18,9 @@ N_IN, N_OUT, D = 3, 2, 4
 def config(delay=D, **sections):
     learning = {"mode": "supervised", "optimizer": "sgd", "lr": 0.05, "label_delay": delay,
                 **sections.pop("learning", {})}
+    engine = {"slots": 2, **sections.pop("engine", {})}
     return load_config(None, {"model": {"stack": "gru", "n_in": N_IN, "n_hidden": 4, "n_out": N_OUT},
-                              "learning": learning, "engine": {"slots": 2}, "publish": {"weights_every": 0},
+                              "learning": learning, "engine": engine, "publish": {"weights_every": 0},
                               **sections})
 
 
@@ -151,6 +153,64 @@ def test_checkpoint_holds_the_rings_and_the_recent_seqs(tmp_path):
             assert run(core, label("a", s - 1, ys[s - 1]))[0]["type"] == "label_ack"
         assert run(core, label("a", 3, ys[3]))[0]["code"] == "label_too_late"
     assert same(state_of(a), state_of(b))
+
+
+def _served(core, events, clock=None):
+    """Ingest the events (raw messages, "tick", or ("wait", seconds)); then drain. Returns
+    stream 'a's predictions and label losses in order."""
+    got = []
+
+    def keep(outs):
+        for r in replies(outs):
+            if r.get("stream") == "a":
+                assert r["type"] in ("prediction", "label_ack"), r
+                got.append(wire.unpack_array(r["pred"]) if r["type"] == "prediction" else r["loss"])
+    for ev in events:
+        if ev == "tick":
+            keep(core.tick())
+        elif isinstance(ev, tuple):
+            clock[0] += ev[1]
+            core.evict_idle()
+        else:
+            keep(core.ingest(ev, b"o"))
+    while core.has_pending():
+        keep(core.tick())
+    return got
+
+
+def _slot_bits(core, name):
+    leaves = jax.tree_util.tree_flatten_with_path(core.learner.read_slot(core.streams[name].slot))[0]
+    return {jax.tree_util.keystr(p): np.asarray(v) for p, v in leaves if "counters" not in jax.tree_util.keystr(p)}
+
+
+def test_a_streams_bits_do_not_depend_on_what_shares_its_calls():
+    """8 models (a pair of slots per call, a subset program and the loop program): stream 'a'
+    with its labels alone, a message per call, against 'a' among three busy streams, its data
+    in bursts (micro-batches), a label running its queued steps first, and parked for a while."""
+    xs, ys = series(10, seed=4)
+    clock = [0.0]
+    cfg = config(engine={"slots": 8, "micro_batch": 4, "park_s": 100.0, "idle_timeout_s": 5.0})
+    labels_after = {2: [0], 5: [3, 4], 7: [6], 9: [7, 9]}
+    mine = []
+    for s in range(10):
+        mine.append(data("a", s, xs[s]))
+        mine += [label("a", t, ys[t]) for t in labels_after.get(s, [])]
+    alone = EngineCore(cfg, clock=lambda: clock[0])
+    alone.warmup()
+    want = _served(alone, [e for m in mine for e in (m, "tick")])
+    want_bits = _slot_bits(alone, "a")
+    busy = EngineCore(cfg, clock=lambda: clock[0])
+    busy.warmup()
+    others = [data(f"o{k}", s, xs[(s + k) % 10]) for s in range(10) for k in range(3)]
+    events = others[:6] + mine[:4] + ["tick"] + others[6:15] + mine[4:9] + [("wait", 10.0)] + others[15:] \
+        + mine[9:]
+    got = _served(busy, events, clock)
+    assert len(got) == len(want) == 10 + 6
+    for g, w in zip(got, want):
+        assert (np.array_equal(g, w) if isinstance(w, np.ndarray) else g == w), (g, w)
+    bits = _slot_bits(busy, "a")
+    assert bits.keys() == want_bits.keys() and all(np.array_equal(bits[k], want_bits[k]) for k in bits)
+    assert busy.metrics.counters["unparked"] == 4      # all four streams were parked and came back
 
 
 @pytest.mark.parametrize("sections", [

@@ -108,7 +108,8 @@ class EngineCore:
 
     def warmup_later(self):
         """The other programs, one per ``next()``: the subset calls (a few busy streams), then
-        the slot reset and parking's read and write (a stream leaving or coming back).
+        the label program (learning.label_delay), the slot reset and parking's read and write
+        (a stream leaving or coming back).
         ``tick`` uses a subset program once it is ready; a slot program needed before that is
         compiled on first use. Compiling never touches the state (the engine runs this on a
         thread of its own while serving)."""
@@ -118,6 +119,9 @@ class EngineCore:
                 L.programs.subset(m, self.cfg.engine.micro_batch)
                 self.ready_subsets.append(m)
                 yield
+        if L.label_delay:
+            L.programs.label()
+            yield
         if L.slots is not None:
             L.programs.reset()
             yield
