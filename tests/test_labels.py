@@ -43,28 +43,32 @@ def schedule(steps, d, seed=1):
     return out
 
 
-def reference(xs, ys, arrivals):
-    """The rule, offline: per step, predict with the current weights; when step t's label
-    arrives, the gradient of mse(out_t, y_t) through step t (its weights, hidden state and
-    traces) is applied with SGD. Returns (final weights, predictions)."""
+def reference(runs, make_algo=st.D_RTRL):
+    """The rule, offline, for streams (xs, ys, arrivals) sharing one set of weights: per step,
+    each stream predicts with the current weights; when the label of a stream's step t
+    arrives, the gradient of mse(out_t, y_t) through that one step (its weights, hidden state
+    and traces) is applied with SGD. Returns (final weights, each stream's predictions)."""
     model = gru()
     brainstate.nn.init_all_states(model, None)
-    algo = st.D_RTRL(model, jnp.asarray(xs[0]))
+    algo = make_algo(model, jnp.asarray(runs[0][0][0]))
     params, hidden, traces = algo.init_state()
+    carried = [(hidden, traces)] * len(runs)
 
     def loss(p, h, tr, x, y):
         return jnp.mean((algo(p, h, tr, x)[0] - y) ** 2)
     grad = jax.jit(jax.grad(loss))
     forward = jax.jit(lambda p, h, tr, x: algo(p, h, tr, x))
-    kept, preds = {}, []
-    for s in range(len(xs)):
-        kept[s] = (params, hidden, traces, jnp.asarray(xs[s]))
-        out, hidden, traces = forward(params, hidden, traces, jnp.asarray(xs[s]))
-        preds.append(np.asarray(out))
-        for t in arrivals.get(s, []):
-            g = grad(*kept[t], jnp.asarray(ys[t]))
-            params = jax.tree_util.tree_map(lambda p, g: p - LR * g, params, g)
-    return {k: np.asarray(v) for k, v in params.items()}, np.stack(preds)
+    kept, preds = {}, [[] for _ in runs]
+    for s in range(len(runs[0][0])):
+        for k, (xs, _, _) in enumerate(runs):
+            kept[k, s] = (params, *carried[k], jnp.asarray(xs[s]))
+            out, *carried[k] = forward(params, *carried[k], jnp.asarray(xs[s]))
+            preds[k].append(np.asarray(out))
+        for k, (_, ys, arrivals) in enumerate(runs):
+            for t in arrivals.get(s, []):
+                g = grad(*kept[k, t], jnp.asarray(ys[t]))
+                params = jax.tree_util.tree_map(lambda p, g: p - LR * g, params, g)
+    return {k: np.asarray(v) for k, v in params.items()}, [np.stack(p) for p in preds]
 
 
 def delayed(d, **kw):
@@ -86,12 +90,36 @@ def test_delayed_labels_equal_the_offline_rule(x64, d):
         preds.append(learner.step(xs[s]).prediction)
         for t in arrivals.get(s, []):
             assert learner.label(ys[t], age=s - t).applied
-    want, want_preds = reference(xs, ys, arrivals)
+    want, (want_preds,) = reference([(xs, ys, arrivals)])
     got = learner.params
     assert max(np.abs(got[k] - want[k]).max() for k in want) < 1e-11
     assert max(np.abs(got[k] - start[k]).max() for k in want) > 1e-2   # it learned
     np.testing.assert_allclose(np.stack(preds), want_preds, rtol=0, atol=1e-11)
     assert learner.stats()["updates"] == sum(len(ts) for s, ts in arrivals.items() if s < steps)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_slots_follow_the_offline_rule(x64, shared):
+    """Two slots, a model each or one shared (ES-D-RTRL this time), their labels on schedules
+    of their own."""
+    steps, d = 24, 5
+    runs = [(*data(steps, seed=10 + k), schedule(steps, d, seed=20 + k)) for k in range(2)]
+    learner = st.OnlineLearner(gru(), np.zeros(N_IN), algorithm=st.es_d_rtrl(decay=0.8), optimizer=optax.sgd(LR),
+                               mode=st.Supervised(label_delay=d), slots=st.Slots(2, shared=shared))
+    for s in range(steps):
+        learner.step(np.stack([runs[0][0][s], runs[1][0][s]]))
+        for k, (_, ys, arrivals) in enumerate(runs):
+            for t in arrivals.get(s, []):
+                learner.label(ys[t], age=s - t, slot=k)
+    got, es = learner.params, lambda m, x: st.ES_D_RTRL(m, x, decay=0.8)
+    if shared:
+        want, _ = reference(runs, es)
+        assert max(np.abs(got[n] - want[n]).max() for n in want) < 1e-11
+    for k in range(0 if shared else 2):
+        want, _ = reference([runs[k]], es)
+        assert max(np.abs(got[n][k] - want[n]).max() for n in want) < 1e-11, k
+    with pytest.raises(ValueError, match="label"):
+        learner.step(np.zeros((2, N_IN)), np.zeros((2, N_OUT)))
 
 
 def test_label_delay_0_is_the_supervised_learner_bit_for_bit(x64):

@@ -283,6 +283,9 @@ class OnlineLearner:
                 raise ValueError("supervised mode needs a target with every x (or learn=False)")
             y = self._no_target if not lead and n == self.n else \
                 np.zeros(lead + (() if self.slots is None else (n,)) + self.out_shape, self.y_dtype)
+        elif self.label_delay:
+            raise ValueError("with Supervised(label_delay=...) a step takes no target: give it later "
+                             "(or at once) with label(y, age, slot)")
         else:
             y = np.asarray(y, self.y_dtype)
             want = lead + (() if self.slots is None else (n,)) + self.out_shape
