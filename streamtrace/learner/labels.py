@@ -139,31 +139,37 @@ def label_status(lab, slot, age, y):
     return status.astype(jnp.int32), idx
 
 
+# the state a label may change (the rest, the ring's gradients above all, is only read)
+MOVING = ("params", "opt", "acc", "stats")
+
+
 def apply_label(fns, state, slot, age, y):
     """Apply the label y of the step ``age`` steps before ``slot``'s latest (shared-weight
     form: the ring has a slot axis). Returns (state, status, loss, applied); for a status
-    other than 0 the state is returned unchanged."""
+    other than 0 the state is returned unchanged. Only ``MOVING`` and the ring's flags change."""
     lab = state["labels"]
     status, idx = label_status(lab, slot, age, y)
     pred = lab["pred"][slot, idx]
+    entry = {k: g[slot, idx] for k, g in lab["grad"].items()}
+    moving = {**{k: state[k] for k in MOVING if k in state}, "flags": lab["state"]}
 
-    def apply(state):
+    def apply(m):
         loss, ct = jax.value_and_grad(fns.loss_fn)(pred, y.astype(pred.dtype))
         ct = ct.ravel()
-        grads = fns.to_block({k: jnp.tensordot(ct.astype(g.dtype), g[slot, idx], axes=1)
-                              for k, g in lab["grad"].items()})
-        state, applied = fns._apply(state, grads, jnp.bool_(True))
-        ring = {**state["labels"], "state": state["labels"]["state"].at[slot, idx].set(_LABELLED)}
-        stats = dict(state["stats"])
+        grads = fns.to_block({k: jnp.tensordot(ct.astype(g.dtype), g, axes=1) for k, g in entry.items()})
+        new, applied = fns._apply({**state, **m}, grads, jnp.bool_(True))
+        stats = dict(new["stats"])
         stats["preq_sum"] = stats["preq_sum"].at[slot].add(loss.astype(jnp.float32))
         stats["preq_n"] = stats["preq_n"].at[slot].add(1)
         n = stats["preq_sum"].shape[0]
-        one = jnp.arange(n) == slot
         wide = lambda a: jnp.broadcast_to(a, (n,) + a.shape)
-        stats["roll"] = fns.rolling.update(stats["roll"], wide(pred), wide(y.astype(pred.dtype)), one)
-        return {**state, "labels": ring, "stats": stats}, loss.astype(pred.dtype), applied
+        stats["roll"] = fns.rolling.update(stats["roll"], wide(pred), wide(y.astype(pred.dtype)), jnp.arange(n) == slot)
+        out = {**{k: new[k] for k in MOVING if k in m}, "stats": stats,
+               "flags": m["flags"].at[slot, idx].set(_LABELLED)}
+        return out, loss.astype(pred.dtype), applied
 
-    def refuse(state):
-        return state, jnp.zeros((), pred.dtype) + jnp.nan, jnp.bool_(False)
-    state, loss, applied = jax.lax.cond(status == 0, apply, refuse, state)
-    return state, status, loss, applied
+    def refuse(m):
+        return m, jnp.zeros((), pred.dtype) + jnp.nan, jnp.bool_(False)
+    m, loss, applied = jax.lax.cond(status == 0, apply, refuse, moving)
+    flags = m.pop("flags")
+    return {**state, **m, "labels": {**lab, "state": flags}}, status, loss, applied

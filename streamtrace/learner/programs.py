@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .inputs import PackedInputs
-from .labels import apply_label
+from .labels import MOVING, apply_label
 from .result import StepResult
 from .step import COUNTERS
 from .subset import SlotRows
@@ -167,8 +167,11 @@ class Programs:
                 return self.layout.pack(state), status, loss, applied
             one = jax.tree_util.tree_map(lambda a: a[i], state)
             one, status, loss, applied = apply_label(self.fns, one, 0, age, y)
-            state = jax.tree_util.tree_map(lambda a, b: a.at[i].set(b), state, one)
-            return self.layout.pack(state), status, loss, applied
+            # written back: what a label changes (not the slot's ring of gradients)
+            put = lambda a, b: jax.tree_util.tree_map(lambda a, b: a.at[i].set(b), a, b)
+            moved = {k: put(state[k], one[k]) for k in MOVING if k in state}
+            labels = {**state["labels"], "state": put(state["labels"]["state"], one["labels"]["state"])}
+            return self.layout.pack({**state, **moved, "labels": labels}), status, loss, applied
         return self._program("label", lambda: jax.jit(run, donate_argnums=(0,)).lower(
             self.avals, np.int32(0), np.int32(0), y).compile())
 
