@@ -30,7 +30,7 @@ import jax.numpy as jnp
 
 from .step import StepFunctions, _carried_finite, _lead, _slot_sum, _slot_where
 
-__all__ = ["LabelError", "LabelResult", "LABEL_CODES", "LabelledSteps", "ring_bytes", "init_ring",
+__all__ = ["LabelError", "LabelResult", "LABEL_CODES", "LabelledSteps", "PairRing", "ring_bytes", "init_ring",
            "delayed_step", "apply_label"]
 
 # the status a label program returns, and the error code of each (0: applied)
@@ -82,8 +82,9 @@ def _one_slot(algo, params, h, tr, x, keep):
 
 def _put(ring, idx, value, use):
     """ring (N, d, ...) with value (N, ...) at [n, idx[n]] where use[n]."""
-    def one(r, i, v, u):
-        return jax.lax.dynamic_update_index_in_dim(r, jnp.where(u, v, r[i]), i, 0)
+    def one(r, i, v, u):      # clamped indices: a ring of length 1 (``PairRing``) has its entry at 0
+        old = jax.lax.dynamic_index_in_dim(r, i, 0, keepdims=False)
+        return jax.lax.dynamic_update_index_in_dim(r, jnp.where(u, v, old), i, 0)
     return jax.vmap(one)(ring, idx, value, use)
 
 
@@ -100,6 +101,44 @@ class LabelledSteps(StepFunctions):
 
     def step(self, state, x, target, active, learn):
         return delayed_step(self, state, x, active, learn)
+
+
+class PairRing:
+    """Per-slot models stepped in pairs (``Programs._in_pairs``): a pair's step gets, in place
+    of its slots' rings of gradients, only the entry it writes (a ring of length 1: the step's
+    ring index, clamped, is 0 there), which is then written back at the slots' ring index. The
+    pair's whole ring is not copied out and back at every step. Other state: ``part``/``put``."""
+
+    def __init__(self, state):
+        self.on = "labels" in state
+
+    def _index(self, lab):
+        return jnp.mod(lab["count"], lab["tag"].shape[-1])          # (pair, 1)
+
+    def part(self, state, j, part):
+        if not self.on:
+            return part(state, j)
+        grad = state["labels"]["grad"]
+        rest = {**state, "labels": {k: v for k, v in state["labels"].items() if k != "grad"}}
+        s = part(rest, j)
+        idx = self._index(s["labels"])
+        pair = lambda g: jax.lax.dynamic_slice_in_dim(g, j * 2, 2, 0)
+        entry = {k: jax.vmap(lambda r, i: jax.lax.dynamic_slice_in_dim(r, i[0], 1, 1))(pair(g), idx)
+                 for k, g in grad.items()}
+        return {**s, "labels": {**s["labels"], "grad": entry}}
+
+    def put(self, state, new, j, old, put):
+        if not self.on:
+            return jax.tree_util.tree_map(put, state, new)
+        grad, idx = state["labels"]["grad"], self._index(old["labels"])
+        strip = lambda t: {**t, "labels": {k: v for k, v in t["labels"].items() if k != "grad"}}
+        out = jax.tree_util.tree_map(put, strip(state), strip(new))
+        rows = jnp.arange(2) + j * 2
+
+        def write(g, e):          # g (N, 1, d, ...), e (2, 1, 1, ...): at [rows, 0, idx]
+            return g.at[rows, 0, idx[:, 0]].set(e[:, 0, 0])
+        return {**out, "labels": {**out["labels"], "grad": {k: write(g, new["labels"]["grad"][k])
+                                                             for k, g in grad.items()}}}
 
 
 def delayed_step(fns, state, x, active, learn):

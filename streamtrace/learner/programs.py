@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .inputs import PackedInputs
-from .labels import MOVING, apply_label
+from .labels import MOVING, PairRing, apply_label
 from .result import StepResult
 from .step import COUNTERS
 from .subset import SlotRows
@@ -307,16 +307,17 @@ class Programs:
                                                        grow(active, False), grow(learn, False))
             return jax.tree_util.tree_map(lambda v: v[:n], state), out[:n], loss[:n], applied[:n]
         part = lambda tree, j: jax.tree_util.tree_map(lambda v: jax.lax.dynamic_slice_in_dim(v, j * c, c, 0), tree)
-        like = jax.eval_shape(self.each_model, part(state, 0), x[:c], y[:c], active[:c], learn[:c])[1:]
+        ring = PairRing(state)
+        like = jax.eval_shape(self.each_model, ring.part(state, 0, part), x[:c], y[:c], active[:c], learn[:c])[1:]
         outs = tuple(jnp.zeros((n,) + v.shape[1:], v.dtype) for v in like)
 
         def body(j, carry):
             state, outs = carry
-            args = (part(state, j), part(x, j), part(y, j), part(active, j), part(learn, j))
+            args = (ring.part(state, j, part), part(x, j), part(y, j), part(active, j), part(learn, j))
             s, *got = jax.lax.cond(jnp.any(args[3]), lambda a: self.each_model(*a),
                                    lambda a: self._idle_pair(a[0], like), args)
             put = lambda v, u: jax.lax.dynamic_update_slice_in_dim(v, u, j * c, 0)
-            return jax.tree_util.tree_map(put, state, s), tuple(put(o, g) for o, g in zip(outs, got))
+            return ring.put(state, s, j, args[0], put), tuple(put(o, g) for o, g in zip(outs, got))
         pairs = jax.lax.optimization_barrier(jnp.int32(n // c))
         state, (out, loss, applied) = jax.lax.fori_loop(0, pairs, body, (state, outs))
         return state, out, loss, applied
