@@ -132,6 +132,12 @@ class SensorClient(_Timed):
             raise EngineError(msg["code"], msg["message"], msg)
         return msg
 
+    def label(self, seq: int, y, *, stream: str | None = None) -> dict:
+        """The target of the data message ``seq`` sent earlier without one (the engine's
+        learning.label_delay); waits for its ``label_ack`` (raises EngineError if refused)."""
+        self.send_raw(wire.label_message(stream or self.stream, seq, np.asarray(y)))
+        return self.recv()
+
     def get_weights(self) -> dict:
         self.send_raw(wire.encode({"type": "get_weights"}))
         return self.recv()

@@ -5,6 +5,8 @@ and a message naming what is wrong; nothing is trusted before it is checked.
 Messages (all maps carry ``"v": 1`` and ``"type"``):
 
     data        sensor -> engine   stream, seq, ts, x, [y], [mode: "learn" | "predict"]
+    label       sensor -> engine   stream, seq, y: the target of an earlier data message (learning.label_delay)
+    label_ack   engine -> sensor   stream, seq, loss, applied (request/reply only)
     prediction  engine -> sensor   stream, seq, pred, loss (or nil), step, version, ts, t_engine;
                                    published on PUB also [signal]: the sample's y, else its x
     error       engine -> sensor   code, message, [stream], [seq]
@@ -27,7 +29,7 @@ import msgpack
 import numpy as np
 
 __all__ = ["VERSION", "MAX_MESSAGE_BYTES", "WireError", "encode", "decode", "pack_array", "unpack_array",
-           "data_message", "decode_data", "PredictionEncoder", "ALLOWED_DTYPES"]
+           "data_message", "decode_data", "label_message", "decode_label", "PredictionEncoder", "ALLOWED_DTYPES"]
 
 VERSION = 1
 MAX_MESSAGE_BYTES = 1 << 20          # default size limit for any one message
@@ -35,6 +37,7 @@ MAX_STREAM_ID = 128
 ALLOWED_DTYPES = ("<f4", "<f8", "<f2", "<i4", "<i8", "<i2", "|i1", "|u1", "<u2", "<u4")
 DATA_FIELDS = {"v", "type", "stream", "seq", "ts", "x", "y", "mode"}
 OPTIONAL_FIELDS = {"ts", "y", "mode"}   # nil means absent
+LABEL_FIELDS = {"v", "type", "stream", "seq", "y"}
 MESSAGE_MODES = ("learn", "predict")   # per data message (the learner's modes: learner.step.MODES)
 ARRAY_FIELDS = {"dtype", "shape", "data"}
 SMALL = 16      # up to this many elements a Python loop checks finiteness faster than numpy
@@ -129,12 +132,7 @@ def decode_data(msg: dict, x_shape: tuple, y_shape: tuple, x_dtype=None, y_dtype
     if not DATA_FIELDS.issuperset(msg):
         unknown = set(msg) - DATA_FIELDS
         raise WireError("unknown_field", f"unknown field(s) {sorted(map(str, unknown))}; allowed: {sorted(DATA_FIELDS)}")
-    stream = msg.get("stream")
-    if not isinstance(stream, str) or not 0 < len(stream) <= MAX_STREAM_ID or not stream.isprintable():
-        raise WireError("bad_stream", f"'stream' must be a printable string of 1..{MAX_STREAM_ID} characters")
-    seq = msg.get("seq")
-    if not isinstance(seq, int) or isinstance(seq, bool) or not 0 <= seq < 1 << 62:
-        raise WireError("bad_seq", "'seq' must be a non-negative integer")
+    stream, seq = _stream_seq(msg)
     ts = msg.get("ts", 0.0)
     if not isinstance(ts, (int, float)) or isinstance(ts, bool) or not math.isfinite(ts):
         raise WireError("bad_ts", "'ts' must be a finite number")
@@ -148,6 +146,32 @@ def decode_data(msg: dict, x_shape: tuple, y_shape: tuple, x_dtype=None, y_dtype
     if "y" in msg:
         y = _checked(unpack_array(msg["y"], "y"), "y", y_shape, y_dtype)
     return {"stream": stream, "seq": seq, "ts": float(ts), "x": x, "y": y, "mode": mode}
+
+
+def _stream_seq(msg: dict) -> tuple:
+    stream = msg.get("stream")
+    if not isinstance(stream, str) or not 0 < len(stream) <= MAX_STREAM_ID or not stream.isprintable():
+        raise WireError("bad_stream", f"'stream' must be a printable string of 1..{MAX_STREAM_ID} characters")
+    seq = msg.get("seq")
+    if not isinstance(seq, int) or isinstance(seq, bool) or not 0 <= seq < 1 << 62:
+        raise WireError("bad_seq", "'seq' must be a non-negative integer")
+    return stream, seq
+
+
+def label_message(stream: str, seq: int, y) -> bytes:
+    return encode({"type": "label", "stream": stream, "seq": int(seq), "y": pack_array(y)})
+
+
+def decode_label(msg: dict, y_shape: tuple, y_dtype=None) -> dict:
+    """Check a decoded 'label' map (the target of the data message ``seq`` of ``stream``);
+    returns {stream, seq, y}. Raises WireError naming the first problem."""
+    if not LABEL_FIELDS.issuperset(msg):
+        unknown = set(msg) - LABEL_FIELDS
+        raise WireError("unknown_field", f"unknown field(s) {sorted(map(str, unknown))}; allowed: {sorted(LABEL_FIELDS)}")
+    stream, seq = _stream_seq(msg)
+    if msg.get("y") is None:
+        raise WireError("missing_field", "label message has no 'y'")
+    return {"stream": stream, "seq": seq, "y": _checked(unpack_array(msg["y"], "y"), "y", y_shape, y_dtype)}
 
 
 def _checked(a: np.ndarray, field: str, shape: tuple, dtype=None) -> np.ndarray:

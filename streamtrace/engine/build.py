@@ -71,7 +71,7 @@ def build_learner(cfg: EngineConfig, *, slots: int | None = None, shared_weights
     if lc.mode == "forecast":
         mode = Forecast(tuple(lc.channels) or None, lc.horizon, learn_every=lc.learn_every)
     else:
-        mode = Supervised(learn_every=lc.learn_every)
+        mode = Supervised(learn_every=lc.learn_every, label_delay=lc.label_delay)
     try:
         return OnlineLearner(
             model, example, algorithm=algorithm_named(lc.algorithm, decay=lc.decay or None, rank=lc.rank or None),

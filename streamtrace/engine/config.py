@@ -77,6 +77,7 @@ class LearningConfig:
     learn_every: int = 1
     channels: list = field(default_factory=list)   # forecast: the input channels to predict ([]: all)
     horizon: int = 1             # forecast: predict the next `horizon` values every step
+    label_delay: int = 0         # supervised: a `label` message may come up to this many steps late
 
 
 @dataclass
@@ -201,6 +202,7 @@ class EngineConfig:
         fixed order: with several bad values, the first one found is the one named."""
         self._validate_model()
         self._validate_learning()
+        self._validate_labels()
         self._validate_learned()
         self._validate_engine()
         self._validate_outputs()
@@ -267,6 +269,23 @@ class EngineConfig:
             what = f"len(learning.channels) = {n_pred}" if l.channels else f"model.n_in = {m.n_in}"
             raise ConfigError("model.n_out", f"forecast mode predicts the next input, so it must equal "
                               f"{what}; got {m.n_out} (or use learning.mode = 'supervised')")
+
+    def _validate_labels(self):
+        """learning.label_delay: what the label ring supports (learner/labels.py)."""
+        l, why = self.learning, None
+        _int_range("learning.label_delay", l.label_delay, 0, 10_000)     # learner.modes.MAX_LABEL_DELAY
+        if not l.label_delay:
+            return
+        if l.mode != "supervised":
+            why = "learning.mode = 'supervised'"
+        elif l.optimizer == "frozen" or l.learn_every != 1:
+            why = "a model that learns (learning.optimizer not 'frozen') and learning.learn_every = 1"
+        elif self.readout.kind or self.learned.stack or self.combine.experts:
+            why = "no readout.kind, learned.stack or combine.experts"
+        elif self.signal.normalise or self.signal.feedback or self.signal.residual:
+            why = "no [signal] transforms (normalise, feedback, residual)"
+        if why:
+            raise ConfigError("learning.label_delay", f"delayed labels need {why}")
 
     def _validate_engine(self):
         m, e = self.model, self.engine

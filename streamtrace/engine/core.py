@@ -18,6 +18,7 @@ import numpy as np
 
 from .. import wire
 from ..learner.checkpoint import CheckpointDir
+from ..learner.labels import LabelError
 from .build import build_learner
 from .config import EngineConfig
 from .metrics import Metrics
@@ -40,6 +41,7 @@ class Stream:
     last_seen: float = 0.0
     resync: bool = False               # restored from a checkpoint: may jump forward once
     pending: deque = field(default_factory=deque)
+    recent: deque | None = None        # learning.label_delay: the seqs of its last data messages
 
 
 class EngineCore:
@@ -106,7 +108,8 @@ class EngineCore:
 
     def warmup_later(self):
         """The other programs, one per ``next()``: the subset calls (a few busy streams), then
-        the slot reset and parking's read and write (a stream leaving or coming back).
+        the label program (learning.label_delay), the slot reset and parking's read and write
+        (a stream leaving or coming back).
         ``tick`` uses a subset program once it is ready; a slot program needed before that is
         compiled on first use. Compiling never touches the state (the engine runs this on a
         thread of its own while serving)."""
@@ -116,6 +119,9 @@ class EngineCore:
                 L.programs.subset(m, self.cfg.engine.micro_batch)
                 self.ready_subsets.append(m)
                 yield
+        if L.label_delay:
+            L.programs.label()
+            yield
         if L.slots is not None:
             L.programs.reset()
             yield
@@ -157,9 +163,13 @@ class EngineCore:
                 reply = self.weights_message("snapshot")
                 self.metrics.count("answered")
                 return [("reply", origin, reply)]
-            if kind != "data":
-                raise wire.WireError("bad_type", f"unknown message type {kind!r}; expected 'data' or 'get_weights'")
-            data = wire.decode_data(msg, self.x_shape, self.y_shape, self.learner.x_dtype, self.learner.y_dtype)
+            if kind == "label":
+                label = wire.decode_label(msg, self.y_shape, self.learner.y_dtype)
+            elif kind != "data":
+                raise wire.WireError("bad_type", f"unknown message type {kind!r}; expected 'data', 'label' "
+                                     "or 'get_weights'")
+            else:
+                data = wire.decode_data(msg, self.x_shape, self.y_shape, self.learner.x_dtype, self.learner.y_dtype)
         except wire.WireError as e:
             # name the stream and seq when they can be read, and where the stream stands, so
             # a client can go on (a refused message uses up no sequence number)
@@ -171,6 +181,8 @@ class EngineCore:
                 if expected is not None:
                     extra["expected"] = expected
             return self._refuse(origin, e.code, str(e), stream, seq, **extra)
+        if kind == "label":
+            return self._label(label, origin)
         return self._accept(data, origin, t_recv)
 
     def _expected(self, name, now):
@@ -222,14 +234,69 @@ class EngineCore:
                 self.learner.write_slot(slot, parked.state)
                 self.parking.take(name)
                 self.metrics.count("unparked")
-            st = self.streams[name] = Stream(slot, expected)
+            st = self.streams[name] = Stream(slot, expected, recent=self._recent(parked and parked.recent))
         if expected is not None and seq > expected:
             self.metrics.count("lost_on_resync", seq - expected)
         st.next_seq, st.resync, st.last_seen = seq + 1, False, t_recv
         st.pending.append((d, origin, t_recv))
         self._pending += 1
         self.metrics.count("accepted")
-        return []
+        if st.recent is None:
+            return []
+        st.recent.append(seq)
+        if d["y"] is None or d["mode"] != "learn":
+            return []
+        # delayed labels: a y that comes with its x is that step's label, applied at once
+        return self._apply_label(st, name, seq, d["y"], origin, ack=False)
+
+    # ---- delayed labels (learning.label_delay) ----------------------------------------
+    def _recent(self, seqs=None):
+        d = self.learner.label_delay
+        return deque(seqs or (), maxlen=d) if d else None
+
+    def _label(self, lab, origin) -> list:
+        """A ``label`` message: the target of an earlier data message of its stream, applied
+        to the gradient its step kept (learner/labels.py) once every queued step of the stream
+        has run. Refused (nothing changes): unknown_label, label_too_late, already_labelled."""
+        name, seq = lab["stream"], lab["seq"]
+        if not self.learner.label_delay:
+            return self._refuse(origin, "bad_type", "label messages need learning.label_delay >= 1 (this "
+                                "engine takes targets with their data messages only)", name, seq)
+        st = self.streams.get(name)
+        if st is None:
+            return self._refuse(origin, "unknown_label", f"stream '{name}' holds no slot (unknown, idle or "
+                                "parked): its labels cannot be applied", name, seq)
+        if seq not in st.recent:
+            late = len(st.recent) == st.recent.maxlen and seq < st.recent[0]
+            why = f"came after {st.recent.maxlen} or more later data messages (learning.label_delay = " \
+                f"{st.recent.maxlen})" if late else f"has no data message with seq {seq} (yet)"
+            return self._refuse(origin, "label_too_late" if late else "unknown_label",
+                                f"stream '{name}': the label of seq {seq} {why}", name, seq)
+        return self._apply_label(st, name, seq, lab["y"], origin, ack=True)
+
+    def _apply_label(self, st, name, seq, y, origin, ack: bool) -> list:
+        """Run the stream's queued steps, then apply the label of ``seq``; ``ack``: a label
+        message (answered), not the y of a data message (answered by its prediction)."""
+        out = []
+        while st.pending:        # the label's step and every step before it run first
+            out += self.tick()
+        try:
+            res = self.learner.label(y, age=len(st.recent) - 1 - st.recent.index(seq), slot=st.slot)
+        except LabelError as e:
+            if not ack:          # the data message was answered; its y could not be learned from
+                self.metrics.count("labels_refused")
+                return out
+            return out + self._refuse(origin, e.code, f"stream '{name}': seq {seq}: {e}", name, seq)
+        self.metrics.count("labels")
+        self.metrics.count("updates", int(res.applied))
+        self.metrics.loss(name, res.loss)
+        if not ack:
+            return out
+        self.metrics.count("answered")
+        if origin is None:
+            return out
+        return out + [("reply", origin, wire.encode({"type": "label_ack", "stream": name, "seq": seq,
+                                                     "loss": res.loss, "applied": res.applied}))]
 
     def _take_slot(self, fresh: bool = True):
         if not self.free:
@@ -252,7 +319,8 @@ class EngineCore:
         for name, st in list(self.streams.items()):
             if not st.pending and now - st.last_seen > self.cfg.engine.idle_timeout_s:
                 if lot.enabled:
-                    self.metrics.count("park_dropped", lot.park(name, now, st.next_seq, self.learner.read_slot(st.slot)))
+                    self.metrics.count("park_dropped", lot.park(name, now, st.next_seq, self.learner.read_slot(st.slot),
+                                                                st.recent))
                     self.metrics.count("parked")
                 del self.streams[name]
                 self.metrics.stream_loss.pop(name, None)
@@ -294,7 +362,7 @@ class EngineCore:
                 xs[j, p] = d["x"]
                 active[j, p] = True
                 if supervised:
-                    learn[j, p] = d["mode"] == "learn" and d["y"] is not None
+                    learn[j, p] = d["mode"] == "learn" and (d["y"] is not None or st.recent is not None)
                     if d["y"] is not None:
                         ys[j, p] = d["y"]
                 else:
@@ -440,7 +508,8 @@ class EngineCore:
         # queued messages are not in the saved state yet: record each stream's position as
         # the first message the checkpoint does not hold
         extra = {"steps": self.steps, "version": self.version,
-                 "streams": {n: {"slot": s.slot, "next_seq": None if s.next_seq is None else s.next_seq - len(s.pending)}
+                 "streams": {n: {"slot": s.slot, "next_seq": None if s.next_seq is None else s.next_seq - len(s.pending),
+                                 **({} if s.recent is None else {"recent": _stepped(s)})}
                              for n, s in self.streams.items()}}
         path = self.ckpt.save(self.steps, self.learner.state_dict(), self.learner.signature(), extra)
         self._since_ckpt = 0
@@ -461,9 +530,16 @@ class EngineCore:
         self.streams.clear()
         used = set()
         for name, s in extra.get("streams", {}).items():
-            self.streams[name] = Stream(int(s["slot"]), s["next_seq"], self.clock(), resync=True)
+            self.streams[name] = Stream(int(s["slot"]), s["next_seq"], self.clock(), resync=True,
+                                        recent=self._recent(s.get("recent")))
             used.add(int(s["slot"]))
         self.free = [i for i in range(self.cfg.engine.slots - 1, -1, -1) if i not in used]
         self.unused = set()              # the loaded state is in every slot: a new stream resets its slot
         self._published_params = None
         return {"path": str(path), **header}
+
+
+def _stepped(st: Stream) -> list:
+    """The seqs of the stream's data messages that have run (its ring holds their steps)."""
+    seqs = list(st.recent)
+    return seqs[:max(0, len(seqs) - len(st.pending))]

@@ -19,6 +19,7 @@ class Parked:
     since: float
     next_seq: int | None
     state: dict
+    recent: list | None = None     # learning.label_delay: the seqs of its last data messages
 
 
 class ParkingLot:
@@ -33,10 +34,10 @@ class ParkingLot:
     def __len__(self):
         return len(self._lot)
 
-    def park(self, name: str, now: float, next_seq: int | None, state: dict) -> int:
+    def park(self, name: str, now: float, next_seq: int | None, state: dict, recent=None) -> int:
         """Keep ``name``'s state; returns how many older entries were dropped to make room."""
         self._lot.pop(name, None)
-        self._lot[name] = Parked(now, next_seq, state)
+        self._lot[name] = Parked(now, next_seq, state, None if recent is None else list(recent))
         dropped = 0
         while len(self._lot) > self.max_parked:
             self._lot.popitem(last=False)

@@ -12,7 +12,8 @@ from .algorithms import make_algorithm
 from .checkpoint import read_checkpoint, write_checkpoint
 from .describe import describe_model, describe_optimizer
 from .losses import get_loss
-from .modes import mode_parts
+from .labels import LABEL_CODES, LabelError, LabelledSteps, LabelResult
+from .modes import Supervised, mode_parts
 from .old_keywords import frozen_string, translate
 from .optimizers import optimizer_parts
 from .packing import Layout
@@ -31,6 +32,12 @@ def _value(given, cls, name):
     if not isinstance(given, cls):
         raise TypeError(f"{name} must be st.{cls.__name__}(...); got {given!r}")
     return given
+
+
+_LABEL_MESSAGES = {1: "slot {slot} has no learning step {age} steps back (none yet, or it did not learn)",
+                   2: "the step {age} steps back is beyond label_delay",
+                   3: "the step {age} steps back of slot {slot} was already labelled",
+                   4: "label contains NaN or Inf"}
 
 
 class OnlineLearner:
@@ -88,6 +95,10 @@ class OnlineLearner:
                 old, algorithm, optimizer, mode, slots, compile, metrics)
         compile, metrics = _value(compile, CompileSettings, "compile"), _value(metrics, Metrics, "metrics")
         parts = optimizer_parts(adam() if optimizer is None else optimizer)
+        self.label_delay = mode.label_delay if isinstance(mode, Supervised) else 0
+        if self.label_delay and (transform, readout, combine) != (None, None, None) or self.label_delay and parts.frozen:
+            raise ValueError("Supervised(label_delay=...) needs a model that learns (not frozen()), without "
+                             "transform, readout or combine")
         mode, spec, learn_every = mode_parts(mode)
         learn_every = extra.get("learn_every", learn_every)
         slots = Slots(slots) if slots is not None and not isinstance(slots, Slots) else slots
@@ -102,9 +113,11 @@ class OnlineLearner:
         channels = self._channels(spec)
         self.out_shape, self.y_dtype = self._output(out, readout, mode, channels)
         reduce = slots.reduce if slots is not None else extra.get("reduce", "mean")
-        self.cfg = StepConfig(mode, learn_every, reduce, channels, spec.horizon if spec else 1, metrics.window)
-        self.fns = StepFunctions(self.algo, get_loss(loss), parts, self.cfg, transform=transform, readout=readout,
-                                 y_shape=self.out_shape, combine=combine)
+        self.cfg = StepConfig(mode, learn_every, reduce, channels, spec.horizon if spec else 1, metrics.window,
+                              self.label_delay)
+        steps = LabelledSteps if self.label_delay else StepFunctions
+        self.fns = steps(self.algo, get_loss(loss), parts, self.cfg, transform=transform, readout=readout,
+                         y_shape=self.out_shape, combine=combine)
         self.horizon = self.cfg.horizon
         self.slots = None if slots is None else slots.n
         self.n = self.slots or 1
@@ -121,6 +134,7 @@ class OnlineLearner:
                                  "params": sorted(self.algo.graph.param_names),
                                  "channels": None if channels is None else list(channels),
                                  "horizon": self.horizon, "window": metrics.window,
+                                 **({"label_delay": self.label_delay} if self.label_delay else {}),
                                  "transform": None if transform is None else transform.describe(),
                                  "readout": None if readout is None else readout.describe(),
                                  **({} if combine is None else {"combine": combine.describe()}),
@@ -265,10 +279,13 @@ class OnlineLearner:
         if x.shape != want:
             raise ValueError(f"x has shape {x.shape}, expected {want}")
         if y is None:
-            if self.cfg.mode == "supervised" and learning:
+            if self.cfg.mode == "supervised" and learning and not self.label_delay:
                 raise ValueError("supervised mode needs a target with every x (or learn=False)")
             y = self._no_target if not lead and n == self.n else \
                 np.zeros(lead + (() if self.slots is None else (n,)) + self.out_shape, self.y_dtype)
+        elif self.label_delay:
+            raise ValueError("with Supervised(label_delay=...) a step takes no target: give it later "
+                             "(or at once) with label(y, age, slot)")
         else:
             y = np.asarray(y, self.y_dtype)
             want = lead + (() if self.slots is None else (n,)) + self.out_shape
@@ -320,6 +337,29 @@ class OnlineLearner:
         active = self._mask(active, n=m)
         rows = self.programs.run_subset(idx.astype(np.int32), 1, x[None], y[None], active[None], learn[None])
         return self.programs.decode(rows[0], m=m)
+
+    def label(self, y, age: int = 0, slot: int | None = None) -> LabelResult:
+        """The target of the step ``age`` steps before ``slot``'s latest (0: the latest), with
+        ``Supervised(label_delay=d)``: its gradient, kept since that step, is applied now.
+        Raises ``LabelError`` (code unknown_label, label_too_late, already_labelled,
+        not_finite, bad_shape) and then changes nothing."""
+        if not self.label_delay:
+            raise ValueError("label() needs mode=Supervised(label_delay=d) with d >= 1")
+        i = np.int32(0) if self.slots is None and slot is None else self._slot_index(slot)
+        y = np.asarray(y, self.y_dtype)
+        if y.shape != self.out_shape:
+            raise LabelError("bad_shape", f"label has shape {y.shape}, expected {self.out_shape}")
+        if not np.isfinite(y).all():
+            raise LabelError("not_finite", "label contains NaN or Inf")
+        if not isinstance(age, (int, np.integer)) or age < 0:
+            raise LabelError("unknown_label", f"age must be an integer >= 0 (steps back); got {age!r}")
+        if age >= self.label_delay:
+            raise LabelError("label_too_late", f"the step {age} steps back is beyond label_delay = {self.label_delay}")
+        self.buffers, status, loss, applied = self.programs.label()(self.buffers, i, np.int32(age), y)
+        status = int(status)
+        if status:
+            raise LabelError(LABEL_CODES[status], _LABEL_MESSAGES[status].format(age=age, slot=i))
+        return LabelResult(float(loss), bool(applied))
 
     def reset_slot(self, slot: int):
         """A stream left and another joins: fresh hidden state and traces for ``slot`` (and,

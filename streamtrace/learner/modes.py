@@ -5,7 +5,9 @@ from __future__ import annotations
 import numbers
 from dataclasses import dataclass
 
-__all__ = ["Supervised", "Forecast", "mode_parts"]
+__all__ = ["Supervised", "Forecast", "mode_parts", "MAX_LABEL_DELAY"]
+
+MAX_LABEL_DELAY = 10_000
 
 
 def _check_every(learn_every, where):
@@ -16,11 +18,18 @@ def _check_every(learn_every, where):
 @dataclass(frozen=True)
 class Supervised:
     """Supervised mode (a target with every x) with options: ``learn_every`` k sums k steps'
-    gradients into one optimizer update."""
+    gradients into one optimizer update; ``label_delay`` d >= 1: the target may come up to d
+    steps later, through ``OnlineLearner.label`` (learner/labels.py, docs/labels.md)."""
     learn_every: int = 1
+    label_delay: int = 0
 
     def __post_init__(self):
         _check_every(self.learn_every, "Supervised")
+        d = self.label_delay
+        if not isinstance(d, numbers.Integral) or isinstance(d, bool) or not 0 <= d <= MAX_LABEL_DELAY:
+            raise ValueError(f"Supervised: label_delay must be an integer in 0..{MAX_LABEL_DELAY}; got {d!r}")
+        if d and self.learn_every != 1:
+            raise ValueError("Supervised: label_delay applies each label's gradient at once; learn_every must be 1")
 
 
 @dataclass(frozen=True)

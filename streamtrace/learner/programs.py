@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .inputs import PackedInputs
+from .labels import MOVING, PairRing, apply_label
 from .result import StepResult
 from .step import COUNTERS
 from .subset import SlotRows
@@ -153,6 +154,27 @@ class Programs:
         return self._program("write_slot", lambda: jax.jit(write).lower(self.avals, np.int32(0),
                                                                           self.slot_struct()).compile())
 
+    def label(self):
+        """The compiled label program (``Supervised(label_delay=d)``): (buffers, slot, age, y) ->
+        (buffers, status, loss, applied); status 0: applied, else ``labels.LABEL_CODES`` and the
+        state is unchanged. The buffers are donated (the ring is written in place)."""
+        y = jax.ShapeDtypeStruct(self.out_shape, self.y_dtype)
+
+        def run(buffers, i, age, y):
+            state = self.layout.unpack(buffers)
+            if not self.per_slot:
+                state, status, loss, applied = apply_label(self.fns, state, i, age, y)
+                return self.layout.pack(state), status, loss, applied
+            one = jax.tree_util.tree_map(lambda a: a[i], state)
+            one, status, loss, applied = apply_label(self.fns, one, 0, age, y)
+            # written back: what a label changes (not the slot's ring of gradients)
+            put = lambda a, b: jax.tree_util.tree_map(lambda a, b: a.at[i].set(b), a, b)
+            moved = {k: put(state[k], one[k]) for k in MOVING if k in state}
+            labels = {**state["labels"], "state": put(state["labels"]["state"], one["labels"]["state"])}
+            return self.layout.pack({**state, **moved, "labels": labels}), status, loss, applied
+        return self._program("label", lambda: jax.jit(run, donate_argnums=(0,)).lower(
+            self.avals, np.int32(0), np.int32(0), y).compile())
+
     def example_inputs(self, k, n=None):
         """Zero (x, y, active) of a call of k steps (None: one step) over n slots (all)."""
         lead = () if k is None else (k,)
@@ -222,7 +244,8 @@ class Programs:
         ``reset`` and for ``read_slot`` / ``write_slot`` (the engine's parking)."""
         if self.per_slot:
             return state
-        part = {k: state[k] for k in ("hidden", "traces", "pending", "signal", "readout", "combine") if k in state}
+        part = {k: state[k] for k in ("hidden", "traces", "pending", "signal", "readout", "combine", "labels")
+                if k in state}
         part["stats"] = {k: state["stats"][k] for k in ("preq_sum", "preq_n", "roll")}
         return part
 
@@ -284,16 +307,17 @@ class Programs:
                                                        grow(active, False), grow(learn, False))
             return jax.tree_util.tree_map(lambda v: v[:n], state), out[:n], loss[:n], applied[:n]
         part = lambda tree, j: jax.tree_util.tree_map(lambda v: jax.lax.dynamic_slice_in_dim(v, j * c, c, 0), tree)
-        like = jax.eval_shape(self.each_model, part(state, 0), x[:c], y[:c], active[:c], learn[:c])[1:]
+        ring = PairRing(state)
+        like = jax.eval_shape(self.each_model, ring.part(state, 0, part), x[:c], y[:c], active[:c], learn[:c])[1:]
         outs = tuple(jnp.zeros((n,) + v.shape[1:], v.dtype) for v in like)
 
         def body(j, carry):
             state, outs = carry
-            args = (part(state, j), part(x, j), part(y, j), part(active, j), part(learn, j))
+            args = (ring.part(state, j, part), part(x, j), part(y, j), part(active, j), part(learn, j))
             s, *got = jax.lax.cond(jnp.any(args[3]), lambda a: self.each_model(*a),
                                    lambda a: self._idle_pair(a[0], like), args)
             put = lambda v, u: jax.lax.dynamic_update_slice_in_dim(v, u, j * c, 0)
-            return jax.tree_util.tree_map(put, state, s), tuple(put(o, g) for o, g in zip(outs, got))
+            return ring.put(state, s, j, args[0], put), tuple(put(o, g) for o, g in zip(outs, got))
         pairs = jax.lax.optimization_barrier(jnp.int32(n // c))
         state, (out, loss, applied) = jax.lax.fori_loop(0, pairs, body, (state, outs))
         return state, out, loss, applied

@@ -49,6 +49,7 @@ class StepConfig:
     channels: tuple | None = None   # forecast: the input channels predicted (None: all)
     horizon: int = 1                # forecast: predictions of the next `horizon` values
     window: int = 1000              # rolling metrics time constant (steps)
+    label_delay: int = 0            # supervised: targets may come up to this many steps late (labels.py)
 
 
 def _lead(ok, a):
