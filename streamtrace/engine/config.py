@@ -229,7 +229,8 @@ class EngineConfig:
         _int_range("model.seed", m.seed, 0, 2**32 - 1)
 
     def _validate_learned(self):
-        b, cells = self.learned, ("gru", "lstm", "rnn")
+        from ..nn.stacks import CELLS
+        b, cells = self.learned, tuple(CELLS)
         if not b.stack:
             return
         if b.stack not in cells:
@@ -273,7 +274,8 @@ class EngineConfig:
     def _validate_labels(self):
         """learning.label_delay: what the label ring supports (learner/labels.py)."""
         l, why = self.learning, None
-        _int_range("learning.label_delay", l.label_delay, 0, 10_000)     # learner.modes.MAX_LABEL_DELAY
+        from ..learner.modes import MAX_LABEL_DELAY
+        _int_range("learning.label_delay", l.label_delay, 0, MAX_LABEL_DELAY)
         if not l.label_delay:
             return
         if l.mode != "supervised":

@@ -19,6 +19,7 @@ import numpy as np
 from .. import wire
 from ..learner.checkpoint import CheckpointDir
 from ..learner.labels import LabelError
+from ..learner.programs import PAIR
 from .build import build_learner
 from .config import EngineConfig
 from .metrics import Metrics
@@ -247,7 +248,7 @@ class EngineCore:
         if d["y"] is None or d["mode"] != "learn":
             return []
         # delayed labels: a y that comes with its x is that step's label, applied at once
-        return self._apply_label(st, name, seq, d["y"], origin, ack=False)
+        return self._apply_label(st, name, 0, d["y"], origin, ack=False)    # its step is the newest
 
     # ---- delayed labels (learning.label_delay) ----------------------------------------
     def _recent(self, seqs=None):
@@ -266,22 +267,25 @@ class EngineCore:
         if st is None:
             return self._refuse(origin, "unknown_label", f"stream '{name}' holds no slot (unknown, idle or "
                                 "parked): its labels cannot be applied", name, seq)
-        if seq not in st.recent:
+        try:
+            age = len(st.recent) - 1 - st.recent.index(seq)      # one scan of the window
+        except ValueError:
             late = len(st.recent) == st.recent.maxlen and seq < st.recent[0]
             why = f"came after {st.recent.maxlen} or more later data messages (learning.label_delay = " \
                 f"{st.recent.maxlen})" if late else f"has no data message with seq {seq} (yet)"
             return self._refuse(origin, "label_too_late" if late else "unknown_label",
                                 f"stream '{name}': the label of seq {seq} {why}", name, seq)
-        return self._apply_label(st, name, seq, lab["y"], origin, ack=True)
+        return self._apply_label(st, name, age, lab["y"], origin, ack=True, seq=seq)
 
-    def _apply_label(self, st, name, seq, y, origin, ack: bool) -> list:
-        """Run the stream's queued steps, then apply the label of ``seq``; ``ack``: a label
-        message (answered), not the y of a data message (answered by its prediction)."""
+    def _apply_label(self, st, name, age, y, origin, ack: bool, seq=None) -> list:
+        """Run the stream's queued steps, then apply the label of the step ``age`` data messages
+        back; ``ack``: a label message (answered), not the y of a data message (answered by its
+        prediction)."""
         out = []
         while st.pending:        # the label's step and every step before it run first
             out += self.tick()
         try:
-            res = self.learner.label(y, age=len(st.recent) - 1 - st.recent.index(seq), slot=st.slot)
+            res = self.learner.label(y, age=age, slot=st.slot)
         except LabelError as e:
             if not ack:          # the data message was answered; its y could not be learned from
                 self.metrics.count("labels_refused")
@@ -336,7 +340,7 @@ class EngineCore:
         busy = [st for st in self.streams.values() if st.pending]
         # few busy streams: a call over their slots only (once compiled), else all slots; per-
         # slot models step in pairs (learner.pairs), so a subset call takes their whole pairs
-        need = 2 * len({st.slot // 2 for st in busy}) if self.learner.pairs else len(busy)
+        need = PAIR * len({st.slot // PAIR for st in busy}) if self.learner.pairs else len(busy)
         m = next((m for m in self.ready_subsets if m >= need), None)
         K = self.cfg.engine.micro_batch
         count = min(max(len(st.pending) for st in busy), K)
@@ -385,7 +389,7 @@ class EngineCore:
             name = d["stream"]
             metrics.loss(name, loss)
             args = (name, d["seq"], r.prediction[p], None if loss != loss else loss, steps, version, d["ts"])
-            reply = encode(*args)
+            reply = encode(*args) if origin is not None or (publish and not signal) else None
             if origin is not None:
                 out.append(("reply", origin, reply))
             if publish:
@@ -426,7 +430,7 @@ class EngineCore:
         leaves an inactive slot as it is)."""
         used = [st.slot for st in busy]
         if self.learner.pairs:        # whole pairs, in slot order: each slot keeps its place
-            used = sorted({s for st in busy for s in (st.slot & ~1, st.slot | 1)})
+            used = sorted({st.slot // PAIR * PAIR + k for st in busy for k in range(PAIR)})
         if len(used) < m:
             taken = set(used)
             used += [s for s in range(self.learner.n) if s not in taken][:m - len(used)]

@@ -18,7 +18,7 @@ import jax
 import numpy as np
 import optax
 
-from .packing import Layout
+from .packing import Layout, path_name
 
 __all__ = ["ParamGroups", "param_groups", "ParamStore"]
 
@@ -70,9 +70,7 @@ def _group_of(groups: dict, name: str) -> str:
 
 def _labels(groups: dict, params):
     """Each parameter's group, by its name (the keys on its path, joined by ".")."""
-    def name(path):
-        return ".".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
-    return jax.tree_util.tree_map_with_path(lambda path, _: _group_of(groups, name(path)), params)
+    return jax.tree_util.tree_map_with_path(lambda path, _: _group_of(groups, path_name(path)), params)
 
 
 def param_groups(**groups) -> ParamGroups:

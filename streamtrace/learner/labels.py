@@ -109,8 +109,8 @@ class PairRing:
     ring index, clamped, is 0 there), which is then written back at the slots' ring index. The
     pair's whole ring is not copied out and back at every step. Other state: ``part``/``put``."""
 
-    def __init__(self, state):
-        self.on = "labels" in state
+    def __init__(self, state, size: int):
+        self.on, self.size = "labels" in state, size        # size: the slots a pair holds (PAIR)
 
     def _index(self, lab):
         return jnp.mod(lab["count"], lab["tag"].shape[-1])          # (pair, 1)
@@ -122,7 +122,7 @@ class PairRing:
         rest = {**state, "labels": {k: v for k, v in state["labels"].items() if k != "grad"}}
         s = part(rest, j)
         idx = self._index(s["labels"])
-        pair = lambda g: jax.lax.dynamic_slice_in_dim(g, j * 2, 2, 0)
+        pair = lambda g: jax.lax.dynamic_slice_in_dim(g, j * self.size, self.size, 0)
         entry = {k: jax.vmap(lambda r, i: jax.lax.dynamic_slice_in_dim(r, i[0], 1, 1))(pair(g), idx)
                  for k, g in grad.items()}
         return {**s, "labels": {**s["labels"], "grad": entry}}
@@ -133,9 +133,9 @@ class PairRing:
         grad, idx = state["labels"]["grad"], self._index(old["labels"])
         strip = lambda t: {**t, "labels": {k: v for k, v in t["labels"].items() if k != "grad"}}
         out = jax.tree_util.tree_map(put, strip(state), strip(new))
-        rows = jnp.arange(2) + j * 2
+        rows = jnp.arange(self.size) + j * self.size
 
-        def write(g, e):          # g (N, 1, d, ...), e (2, 1, 1, ...): at [rows, 0, idx]
+        def write(g, e):          # g (N, 1, d, ...), e (size, 1, 1, ...): at [rows, 0, idx]
             return g.at[rows, 0, idx[:, 0]].set(e[:, 0, 0])
         return {**out, "labels": {**out["labels"], "grad": {k: write(g, new["labels"]["grad"][k])
                                                              for k, g in grad.items()}}}

@@ -158,8 +158,6 @@ class Programs:
         """The compiled label program (``Supervised(label_delay=d)``): (buffers, slot, age, y) ->
         (buffers, status, loss, applied); status 0: applied, else ``labels.LABEL_CODES`` and the
         state is unchanged. The buffers are donated (the ring is written in place)."""
-        y = jax.ShapeDtypeStruct(self.out_shape, self.y_dtype)
-
         def run(buffers, i, age, y):
             state = self.layout.unpack(buffers)
             if not self.per_slot:
@@ -173,7 +171,7 @@ class Programs:
             labels = {**state["labels"], "state": put(state["labels"]["state"], one["labels"]["state"])}
             return self.layout.pack({**state, **moved, "labels": labels}), status, loss, applied
         return self._program("label", lambda: jax.jit(run, donate_argnums=(0,)).lower(
-            self.avals, np.int32(0), np.int32(0), y).compile())
+            self.avals, np.int32(0), np.int32(0), jax.ShapeDtypeStruct(self.out_shape, self.y_dtype)).compile())
 
     def example_inputs(self, k, n=None):
         """Zero (x, y, active) of a call of k steps (None: one step) over n slots (all)."""
@@ -307,7 +305,7 @@ class Programs:
                                                        grow(active, False), grow(learn, False))
             return jax.tree_util.tree_map(lambda v: v[:n], state), out[:n], loss[:n], applied[:n]
         part = lambda tree, j: jax.tree_util.tree_map(lambda v: jax.lax.dynamic_slice_in_dim(v, j * c, c, 0), tree)
-        ring = PairRing(state)
+        ring = PairRing(state, c)
         like = jax.eval_shape(self.each_model, ring.part(state, 0, part), x[:c], y[:c], active[:c], learn[:c])[1:]
         outs = tuple(jnp.zeros((n,) + v.shape[1:], v.dtype) for v in like)
 
