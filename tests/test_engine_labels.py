@@ -224,3 +224,13 @@ def test_configurations_the_ring_cannot_serve_are_refused(sections):
     with pytest.raises(ConfigError) as err:
         config(**sections)
     assert err.value.key == "learning.label_delay", err.value
+
+
+def test_a_cluster_worker_refuses_delayed_labels():
+    """The cluster takes data messages only, and a stream moved to another worker would lose its
+    window of recent seqs: a worker refuses the setting instead of silently not learning."""
+    from streamtrace.cluster.stepper import worker_config
+    with pytest.raises(ConfigError) as err:
+        worker_config(config())
+    assert err.value.key == "learning.label_delay", err.value
+    assert worker_config(config(delay=0)).learning.label_delay == 0

@@ -29,6 +29,9 @@ def worker_config(cfg: EngineConfig) -> EngineConfig:
     if cfg.engine.shared_weights:
         raise ConfigError("engine.shared_weights", "the cluster shards streams over workers, so each stream needs "
                           "its own model: set it to false")
+    if cfg.learning.label_delay:     # no label messages through NATS, and a moved stream's window is not kept
+        raise ConfigError("learning.label_delay", "the cluster takes data messages only: delayed labels need "
+                          "one engine (streamtrace serve); set it to 0 for a worker")
     cfg = copy.deepcopy(cfg)
     cfg.engine.idle_timeout_s, cfg.engine.park_s = math.inf, 0.0
     cfg.checkpoint.dir, cfg.publish.weights_every, cfg.publish.predictions = "", 0, True
