@@ -24,6 +24,10 @@ def test_a_config_that_names_no_model_is_the_default_learner():
     for section, values in want.items():
         for key, value in values.items():
             assert getattr(getattr(cfg, section), key) == value, f"{section}.{key}"
+    # ... and that is the learner the README documents (not only what DEFAULT_LEARNER says today)
+    assert (cfg.model.stack, cfg.model.n_hidden, cfg.model.precision, cfg.signal.normalise, cfg.signal.normalise_rate,
+            cfg.signal.residual, cfg.readout.kind, cfg.learning.optimizer, cfg.combine.experts) == \
+        ("reservoir", 200, 64, True, 0.003, True, "rls", "frozen", True)
     # a key the config sets wins; a named stack keeps its own defaults (no preset)
     assert load_config(None, {"model": {"n_hidden": 50}}).model.n_hidden == 50
     gru = load_config(None, {"model": {"stack": "gru"}})

@@ -5,6 +5,8 @@ each other, and a checkpoint round trip that continues bit for bit.
 The combiner does not change what the model learns (the model learns from its own loss), so a
 learner without it gives the model's predictions, from which numpy computes the mixture."""
 import numpy as np
+
+import streamtrace as st
 import pytest
 
 from streamtrace.engine import load_config
@@ -117,9 +119,7 @@ def test_forecast_mixture_and_weights_equal_numpy(period, max_period):
     np.testing.assert_allclose(mixed.state_dict()["combine.L"][0], L, rtol=1e-9, atol=1e-12)
     # the mixture is not just the model: persistence and the mean took weight early on
     assert np.abs(got - model).max() > 1e-3
-    # the weights it reports are the softmax of -eta L
-    w = np.exp(-ETA * (L - L.min(0)))
-    assert np.all(w / w.sum(0) <= 1) and mixed.state_dict()["combine.n"][0] == len(xs)
+    assert mixed.state_dict()["combine.n"][0] == len(xs)
 
 
 def test_a_period_is_detected():
@@ -147,7 +147,7 @@ def test_supervised_mixture_equals_numpy():
     rng = np.random.default_rng(1)
     xs = rng.standard_normal((120, 3)).astype(np.float32)
     ys = np.stack([np.convolve(xs[:, 0], [0.5, 0.3, 0.2])[:120], np.sin(np.arange(120) * 0.2)], 1).astype(np.float32)
-    make = lambda c: OnlineLearner(Stack("gru", 3, 6, 2, seed=0), np.zeros(3, np.float32), lr=1e-2, combine=c)
+    make = lambda c: OnlineLearner(Stack("gru", 3, 6, 2, seed=0), np.zeros(3, np.float32), optimizer=st.adam(1e-2), combine=c)
     plain, mixed = make(None), make(experts(eta=ETA, window=WINDOW))
     model = np.array([plain.step(x, y).prediction for x, y in zip(xs, ys)], np.float64)
     got = np.array([mixed.step(x, y).prediction for x, y in zip(xs, ys)], np.float64)

@@ -3,6 +3,8 @@ n_in + lags * n_out inputs), without feedback, given [x_t, y_{t-1}, ..., y_{t-la
 numpy, must predict and learn exactly the same; also with slots that pause, micro-batches
 (``step_many``) and steps that do not learn."""
 import numpy as np
+
+import streamtrace as st
 import pytest
 
 from streamtrace.learner import OnlineLearner, feedback, rls
@@ -37,9 +39,9 @@ def test_feedback_equals_the_hand_fed_rollout():
     xs, ys = _data(0)
     learn = np.ones(STEPS, bool)
     learn[[7, 8, 20]] = False                 # steps without a target: nothing new to feed back
-    fb = OnlineLearner(_model(), np.zeros(N_IN, np.float32), lr=1e-2,
+    fb = OnlineLearner(_model(), np.zeros(N_IN, np.float32), optimizer=st.adam(1e-2),
                        transform=feedback(LAGS, N_OUT))
-    hand = OnlineLearner(_model(), np.zeros(N_IN + LAGS * N_OUT, np.float32), lr=1e-2)
+    hand = OnlineLearner(_model(), np.zeros(N_IN + LAGS * N_OUT, np.float32), optimizer=st.adam(1e-2))
     zs = _hand_inputs(xs, ys, learn)
     for t in range(STEPS):
         a = fb.step(xs[t], ys[t], learn=np.array([learn[t]]))
@@ -58,7 +60,7 @@ def test_feedback_with_slots_and_micro_batches():
     data = [_data(1), _data(2)]
     active = np.ones((STEPS, 2), bool)
     active[10:18, 1] = False
-    fb = OnlineLearner(_model(), np.zeros(N_IN, np.float32), lr=1e-2, slots=2, shared_weights=False,
+    fb = OnlineLearner(_model(), np.zeros(N_IN, np.float32), optimizer=st.adam(1e-2), slots=st.Slots(2, shared=False),
                        transform=feedback(LAGS, N_OUT))
     got = []
     for t0 in range(0, STEPS, 4):
@@ -68,7 +70,7 @@ def test_feedback_with_slots_and_micro_batches():
     got = np.array(got)
     for s, (xs, ys) in enumerate(data):
         on = active[:, s]
-        hand = OnlineLearner(_model(), np.zeros(N_IN + LAGS * N_OUT, np.float32), lr=1e-2)
+        hand = OnlineLearner(_model(), np.zeros(N_IN + LAGS * N_OUT, np.float32), optimizer=st.adam(1e-2))
         zs = _hand_inputs(xs[on], ys[on], np.ones(on.sum(), bool))
         want = np.array([hand.step(z, y).prediction for z, y in zip(zs, ys[on])])
         np.testing.assert_allclose(got[on, s], want, rtol=1e-5, atol=1e-6, err_msg=f"slot {s}")
@@ -77,7 +79,7 @@ def test_feedback_with_slots_and_micro_batches():
 def test_feedback_under_an_rls_readout_takes_its_size_from_it():
     from streamtrace.nn import Reservoir
     model = Reservoir(N_IN + N_OUT, 10, seed=0)
-    L = OnlineLearner(model, np.zeros(N_IN), optimizer="frozen", readout=rls(N_OUT), transform=feedback())
+    L = OnlineLearner(model, np.zeros(N_IN), optimizer=st.frozen(), readout=rls(N_OUT), transform=feedback())
     xs, ys = _data(3)
     for x, y in zip(xs[:5], ys[:5]):
         r = L.step(x.astype(np.float64), y.astype(np.float64))

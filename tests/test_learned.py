@@ -22,7 +22,7 @@ def test_only_the_learned_cell_moves_and_its_features_reach_the_readout():
     for k in before:
         moved = float(np.abs(after[k] - before[k]).max())
         assert (moved > 0) == k.startswith("learned."), (k, moved)
-    n_features = learner.fns.readout.n_features(200 + 4, 1)       # reservoir + cell + input + bias
+    n_features = 200 + 4 + 1 + 1          # reservoir + cell + input + bias
     assert learner.buffers is not None and any(b.shape[-2:] == (n_features, n_features) for b in learner.buffers)
 
 
