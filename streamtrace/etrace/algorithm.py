@@ -42,18 +42,19 @@ class ETraceVjpAlgorithm:
 
     name = "etrace"
 
-    def __init__(self, model, *example_args, vjp_method: str = "single-step", signal=None):
+    def __init__(self, model, *example_args, vjp_method: str = "single-step", signal=None, fixed=()):
         if vjp_method not in VJP_METHODS:
             raise ValueError(f"vjp_method must be one of {VJP_METHODS}; got {vjp_method!r}")
         if isinstance(model, ETraceGraph):
-            if example_args:
-                raise TypeError("pass example inputs only with a model, not with a compiled graph")
+            if example_args or fixed:
+                raise TypeError("pass example inputs and fixed parameters only with a model, not with a "
+                                "compiled graph")
             self.graph = model
         else:
             if not example_args:
                 raise TypeError(f"{type(self).__name__}(model, *example_inputs): example inputs are needed "
                                 "to compile the model")
-            self.graph = compile_graph(model, *example_args)
+            self.graph = compile_graph(model, *example_args, fixed=fixed)
         self.vjp_method = vjp_method
         if vjp_method == "multi-step" and signal is not None:
             raise ValueError("learning-signal hooks apply to vjp_method='single-step' only")
@@ -119,13 +120,15 @@ class ETraceVjpAlgorithm:
 
     def _direct_params(self):
         """Parameters differentiated by backprop through the step (not through traces)."""
-        return tuple(n for n in self.graph.param_names if n not in self.traced_params)
+        skip = set(self.traced_params) | set(self.graph.fixed_params)
+        return tuple(n for n in self.graph.param_names if n not in skip)
 
     def _make_step(self, slots: bool = False):
         """The step with its custom VJP: the traces give the weight gradients. ``slots``: a
         leading slot axis on hidden, traces and args (params shared), the backward pass
         contracting all slots' learning signals and traces at once."""
         graph = self.graph
+        fixed = set(graph.fixed_params)
         each = jax.vmap if slots else (lambda f: f)
         forward = jax.vmap(self._forward, in_axes=(None, 0, 0, 0, 0)) if slots else self._forward
 
@@ -148,7 +151,7 @@ class ETraceVjpAlgorithm:
                                                 cut_hidden=self.cut_hidden, slots=slots)
             g = each(signal)(g, aux, out, ct_out, new_h)
             dtrace = self.weight_grads(each(self.signal.contraction_traces)(new_tr), g)
-            grads = {n: _sum_present(dtrace.get(n), dparams.get(n)) for n in params}
+            grads = {n: _grad(params[n], dtrace.get(n), dparams.get(n), n in fixed) for n in params}
             return (grads, kernel.zeros_like_tree(hidden), kernel.zeros_like_tree(traces), dargs,
                     None if keep is None else jnp.zeros_like(keep))
 
@@ -196,7 +199,8 @@ class ETraceVjpAlgorithm:
             dp, dh0, dseq, dconst = vjp_u((ct_outs, ct_h))
             # paths from before the window reach the weights through the traces at its start
             dtrace = self.weight_grads(traces, kernel.group_stack(graph, dh0))
-            grads = {n: _sum_present(dtrace.get(n), dp[n]) for n in params}
+            fixed = set(graph.fixed_params)
+            grads = {n: jnp.zeros_like(dp[n]) if n in fixed else _sum_present(dtrace.get(n), dp[n]) for n in params}
             return grads, kernel.zeros_like_tree(hidden), kernel.zeros_like_tree(traces), dseq, dconst
 
         _window.defvjp(fwd, bwd)
@@ -237,3 +241,11 @@ def _merge_args(seq_t, const, mask):
 
 def _sum_present(a, b):
     return b if a is None else a if b is None else a + b
+
+
+def _grad(param, from_traces, direct, fixed: bool):
+    """A parameter's gradient; zero for a fixed one (a fixed weight whose op also has a
+    learned bias keeps its trace, but not its gradient)."""
+    if fixed or (from_traces is None and direct is None):
+        return jnp.zeros_like(param)
+    return _sum_present(from_traces, direct)

@@ -45,9 +45,15 @@ class WeightRelation:
     x_shape: tuple[int, ...]
     y_shape: tuple[int, ...]
     group: int | None
+    fixed: bool = False    # its parameters never change: no trace, no gradient (still cut like a traced op)
 
     @property
     def traced(self) -> bool:
+        return self.group is not None and not self.fixed
+
+    @property
+    def cut(self) -> bool:
+        """Drives a hidden group: D-RTRL's diagonal approximation cuts the path through it."""
         return self.group is not None
 
     @property
@@ -83,6 +89,7 @@ class ETraceGraph:
     instant_params: tuple
     decisions: list = field(default_factory=list)
     warnings: list = field(default_factory=list)   # also in the decisions' reasons (explain())
+    fixed_params: tuple = ()   # never change (a frozen parameter group): no trace, no gradient
 
     # -- names -------------------------------------------------------------------------
     @property
@@ -161,16 +168,20 @@ class _Unrecognise(Exception):
         self.name, self.why = name, why
 
 
-def compile_graph(model, *example_args) -> ETraceGraph:
+def compile_graph(model, *example_args, fixed=()) -> ETraceGraph:
     """Trace one step of ``model.update(*example_args)`` and decide how each weight learns.
 
-    The model's hidden states must be initialised (``brainstate.nn.init_all_states``).
-    Raises CompileError for models the algorithms cannot handle correctly.
+    ``fixed``: names of parameters that never change (a frozen parameter group, e.g. a fixed
+    reservoir beside a learned cell): they get no trace and no gradient, which is most of the
+    cost of a step for a big fixed weight. The model's hidden states must be initialised
+    (``brainstate.nn.init_all_states``). Raises CompileError for models the algorithms cannot
+    handle correctly.
     """
+    fixed = frozenset(fixed)
     skip, notes = set(), []
     while True:
         try:
-            return _compile(model, example_args, frozenset(skip))
+            return _compile(model, example_args, frozenset(skip), fixed)
         except _Unrecognise as e:   # leave that one a plain parameter (warned about below)
             skip.add(e.name)
             notes.append(f"parameter '{e.name}' is used as a plain weight op but cannot carry a trace: {e.why}")
@@ -196,6 +207,7 @@ class _Compilation:
     in_deps: dict                  # hidden-state invar -> its dependency source
     recognised: dict               # parameter -> the plain op it was recognised from
     hshape: dict
+    fixed: frozenset = frozenset()
     res: object = None             # analyze(): deps of every var, the marked ops
     groups: list = field(default_factory=list)
     group_of: dict = field(default_factory=dict)     # hidden index -> (group index, state index)
@@ -221,7 +233,7 @@ class _Compilation:
             raise _Unrecognise(name, why)
 
 
-def _trace(model, example_args, skip) -> _Compilation:
+def _trace(model, example_args, skip, fixed=frozenset()) -> _Compilation:
     """One step as a jaxpr; which invar is which; plain weight ops marked; dependencies."""
     mf = ModelFunction(model)
     params, hidden = mf.param_values(), mf.hidden_values()
@@ -254,8 +266,11 @@ def _trace(model, example_args, skip) -> _Compilation:
     # plain x @ W (+ b) / x * w on a parameter become marked ops (brainstate layers, plain jax)
     jaxpr, recognised = mark_plain_weights(jaxpr, {v for v, n in var_param.items() if n not in skip})
     recognised = {var_param[v]: how for v, how in recognised.items()}
+    unknown = sorted(fixed - set(mf.param_names))
+    if unknown:
+        raise ValueError(f"fixed parameters {unknown} are not parameters of the model; it has {list(mf.param_names)}")
     c = _Compilation(mf, closed, jaxpr, in_layout, args_treedef, out_tree, n_out, hidden_outvars, var_param,
-                     in_deps, recognised, {n: tuple(np.shape(hidden[n])) for n in mf.hidden_names})
+                     in_deps, recognised, {n: tuple(np.shape(hidden[n])) for n in mf.hidden_names}, fixed)
     c.res = analyze(jaxpr, in_deps, param_names=var_param)
     return c
 
@@ -364,8 +379,10 @@ def _link_ops(c: _Compilation):
     for op in c.res.ops:
         wname = _lookup(c.var_param, op.w)
         bname = _lookup(c.var_param, op.b) if op.b is not None else None
+        params = [p for p in (wname, bname) if p is not None]
         c.relations.append(WeightRelation(op.index, op.kind, wname, bname, tuple(op.x.aval.shape),
-                                          tuple(op.y.aval.shape), _op_group(c, op, wname, bname)))
+                                          tuple(op.y.aval.shape), _op_group(c, op, wname, bname),
+                                          bool(params) and all(p in c.fixed for p in params)))
     for r in c.relations:
         for p in r.params:
             others = [u for u in c.uses[p] if u[0] is None or u[0].index != r.index]
@@ -421,7 +438,10 @@ def _explain_weights(c: _Compilation):
     """A decision (verdict and reason) for every weight op's parameters."""
     for r in c.relations:
         shape = f"{r.kind}, x{r.x_shape} -> y{r.y_shape}"
-        if r.traced:
+        if r.fixed:
+            verdict = f"fixed ({shape})"
+            reason = "listed as fixed (a frozen parameter group): no trace, no gradient"
+        elif r.traced:
             g = c.groups[r.group]
             verdict = f"eligibility trace ({shape}) into group '{g.name}' (S={g.size})"
             reason = "its output drives that group element-wise; paths through other weight ops are cut"
@@ -448,11 +468,16 @@ def _explain_weights(c: _Compilation):
 
 
 def _instant_params(c: _Compilation) -> tuple:
-    return tuple(n for n in c.mf.param_names if n not in {p for r in c.relations if r.traced for p in r.params})
+    traced = {p for r in c.relations if r.traced for p in r.params}
+    return tuple(n for n in c.mf.param_names if n not in traced and n not in c.fixed)
 
 
 def _explain_params(c: _Compilation):
     """A decision for every parameter outside weight ops, warning where it changes a state."""
+    for n in c.fixed:
+        if not any(d.name == n for d in c.decisions):
+            c.decisions.append(Decision("param", n, "fixed", "listed as fixed (a frozen parameter group): "
+                                                             "no gradient"))
     for n in _instant_params(c):
         if any(d.name == n for d in c.decisions):
             continue
@@ -475,13 +500,14 @@ _PASSES = (_group_hidden, _record_uses, _link_ops, _check_output_paths, _find_in
            _explain_params)
 
 
-def _compile(model, example_args, skip) -> ETraceGraph:
-    c = _trace(model, example_args, skip)
+def _compile(model, example_args, skip, fixed=frozenset()) -> ETraceGraph:
+    c = _trace(model, example_args, skip, fixed)
     for compile_pass in _PASSES:
         compile_pass(c)
     return ETraceGraph(c.mf, c.jaxpr, list(c.closed.consts), c.in_layout, c.args_treedef,
                        jax.tree_util.tree_structure(c.out_tree), c.out_tree, c.n_out, c.hidden_outvars, c.hshape,
-                       c.groups, c.relations, _instant_params(c), c.decisions, c.warns)
+                       c.groups, c.relations, _instant_params(c), c.decisions, c.warns,
+                       tuple(n for n in c.mf.param_names if n in c.fixed))
 
 
 def _lookup(table, v):

@@ -60,6 +60,8 @@ def forward(graph: ETraceGraph, params, hidden, args):
     """
     traced = graph.traced_relations
     pos = {r.index: k for k, r in enumerate(traced)}
+    # fixed weights driving a group get no trace, but the diagonal approximation cuts them too
+    cut_only = {r.index for r in graph.relations if r.fixed and r.cut and r.kind == "matmul"}
 
     def core(h_prev, deltas, e):
         xs = [None] * len(traced)
@@ -68,7 +70,7 @@ def forward(graph: ETraceGraph, params, hidden, args):
             y = bind()
             k = pos.get(i)
             if k is None:
-                return y
+                return jax.lax.stop_gradient(y) if i in cut_only else y
             xs[k] = invals[0]
             if traced[k].kind == "matmul":
                 y = jax.lax.stop_gradient(y)  # the diagonal approximation: cut dh_prev -> x -> y

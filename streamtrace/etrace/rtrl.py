@@ -56,7 +56,8 @@ class RTRL(ETraceVjpAlgorithm):
     def sensitivity_params(self) -> tuple:
         """The parameters that get a block of M (a trace ``sensitivity.<name>``)."""
         if "_sens" not in self.__dict__:
-            self._sens = params_reaching_hidden(self.graph)
+            fixed = set(self.graph.fixed_params)
+            self._sens = tuple(n for n in params_reaching_hidden(self.graph) if n not in fixed)
         return self._sens
 
     @property
@@ -64,7 +65,7 @@ class RTRL(ETraceVjpAlgorithm):
         return self.sensitivity_params
 
     def _direct_params(self):
-        return self.graph.param_names
+        return tuple(n for n in self.graph.param_names if n not in set(self.graph.fixed_params))
 
     def _layout(self):
         """(hidden names, their sizes, sensitivity params, their shapes); hidden names in the

@@ -29,12 +29,13 @@ class Algorithm:
         if self.name != "es-d-rtrl" and (self.decay is not None or self.rank is not None):
             raise ValueError(f"decay/rank apply to es-d-rtrl only, not {self.name!r}")
 
-    def build(self, model, example_x) -> ETraceVjpAlgorithm:
+    def build(self, model, example_x, fixed=()) -> ETraceVjpAlgorithm:
+        """``fixed``: parameter names that never change (no trace, no gradient)."""
         if self.name == "es-d-rtrl":
-            return ES_D_RTRL(model, example_x, decay=self.decay, rank=self.rank, signal=self.signal)
+            return ES_D_RTRL(model, example_x, decay=self.decay, rank=self.rank, signal=self.signal, fixed=fixed)
         if self.name == "d-rtrl":
-            return D_RTRL(model, example_x, signal=self.signal)
-        return RTRL(model, example_x, signal=self.signal)
+            return D_RTRL(model, example_x, signal=self.signal, fixed=fixed)
+        return RTRL(model, example_x, signal=self.signal, fixed=fixed)
 
 
 def d_rtrl(signal=None) -> Algorithm:
@@ -67,13 +68,14 @@ def algorithm_named(name: str, *, decay=None, rank=None, signal=None) -> Algorit
     return Algorithm(key, signal=signal)
 
 
-def make_algorithm(algorithm, model, example_x) -> ETraceVjpAlgorithm:
+def make_algorithm(algorithm, model, example_x, fixed=()) -> ETraceVjpAlgorithm:
     """``algorithm``: an ``Algorithm`` value, a name from ALGORITHMS, or a callable
-    ``(model, example_x) -> algorithm``."""
+    ``(model, example_x) -> algorithm`` (which traces every parameter: ``fixed`` applies to
+    the built-in algorithms only)."""
     if isinstance(algorithm, str):
         algorithm = algorithm_named(algorithm)
     if isinstance(algorithm, Algorithm):
-        return algorithm.build(model, example_x)
+        return algorithm.build(model, example_x, fixed)
     if not callable(algorithm):
         raise TypeError(f"algorithm must be an Algorithm (st.d_rtrl(), st.es_d_rtrl(...), st.rtrl()), "
                         f"a name from {ALGORITHMS} or a factory (model, example_x) -> algorithm; got {algorithm!r}")

@@ -11,6 +11,7 @@ from .adam import adam
 from .algorithms import make_algorithm
 from .checkpoint import read_checkpoint, write_checkpoint
 from .describe import describe_model, describe_optimizer
+from .groups import frozen_params
 from .losses import get_loss
 from .labels import LABEL_CODES, LabelError, LabelledSteps, LabelResult
 from .modes import Supervised, mode_parts
@@ -105,7 +106,8 @@ class OnlineLearner:
         example_x = np.asarray(example_x)
         brainstate.nn.init_all_states(model, compile.batch_size)
         self.model = model
-        self.algo = make_algorithm(algorithm, model, jnp.asarray(self._model_input(example_x, transform, readout)))
+        self.algo = make_algorithm(algorithm, model, jnp.asarray(self._model_input(example_x, transform, readout)),
+                                   fixed=frozen_params(model, parts.groups))
         out = self.algo.graph.out_struct
         if not hasattr(out, "shape"):
             raise ValueError("the model must return one array (the prediction)")

@@ -18,9 +18,10 @@ import jax
 import numpy as np
 import optax
 
+from ..etrace.model_fn import ModelFunction
 from .packing import Layout, path_name
 
-__all__ = ["ParamGroups", "param_groups", "ParamStore"]
+__all__ = ["ParamGroups", "param_groups", "ParamStore", "frozen_params"]
 
 
 class ParamGroups(optax.GradientTransformation):
@@ -77,6 +78,16 @@ def param_groups(**groups) -> ParamGroups:
     """``name=(pattern, transform)``; transform None freezes the group (see module doc): an
     optax transform over ``{parameter name: array}``, stored by the learner a block per group."""
     return ParamGroups(groups)
+
+
+def frozen_params(model, groups: ParamGroups | None) -> tuple:
+    """The names of the model's parameters in a frozen group (transform None): the algorithm
+    gives them no trace and no gradient, which for a fixed reservoir beside a learned cell is
+    most of the step (its 200 x 200 recurrent weight's trace)."""
+    if groups is None:
+        return ()
+    names = ModelFunction(model).param_names
+    return tuple(n for n in names if groups.groups[groups.group_of(n)][1] is None)
 
 
 # a model with a weight of at least this many values keeps its weights as arrays of their own
