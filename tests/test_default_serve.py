@@ -28,6 +28,10 @@ def test_a_config_that_names_no_model_is_the_default_learner():
     assert (cfg.model.stack, cfg.model.n_hidden, cfg.model.precision, cfg.signal.normalise, cfg.signal.normalise_rate,
             cfg.signal.residual, cfg.readout.kind, cfg.learning.optimizer, cfg.combine.experts) == \
         ("reservoir", 200, 64, True, 0.003, True, "rls", "frozen", True)
+    assert (cfg.learned.stack, cfg.learned.n_hidden, cfg.learned.optimizer, cfg.learned.lr) == ("gru", 16, "sgd", 3e-3)
+    # the user can turn the learned cell off; a named stack gets none
+    assert load_config(None, {"model": {"stack": "gru"}}).learned.stack == ""
+    assert load_config(None, {"learned": {"stack": ""}}).learned.stack == ""
     # a key the config sets wins; a named stack keeps its own defaults (no preset)
     assert load_config(None, {"model": {"n_hidden": 50}}).model.n_hidden == 50
     gru = load_config(None, {"model": {"stack": "gru"}})
