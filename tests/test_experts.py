@@ -104,7 +104,8 @@ def _forecaster(combine, slots=None):
     cfg = load_config(None, {"model": {"n_in": 2, "n_out": 2, "n_hidden": 12, "seed": 3},
                              "signal": {"normalise_warmup": 20}, "combine": on})
     assert cfg.model.stack == "reservoir" and cfg.model.precision == 64    # the default learner
-    return build_learner(cfg, slots=slots)
+    # one model per stream, as the engine runs it (the default's learned GRU would be shared)
+    return build_learner(cfg, slots=slots, shared_weights=cfg.engine.shared_weights)
 
 
 @pytest.mark.parametrize("period,max_period", [(None, None), (7, None), (None, 24)])
