@@ -23,7 +23,7 @@ __all__ = ["ClusterClient"]
 
 class ClusterClient:
     def __init__(self, url: str, *, stream: str = "sensor-0", start_seq: int = 0, timeout_s: float = 10.0,
-                 creds: L.Credentials | None = None, dedup_window: int = 100_000):
+                 creds: L.Credentials | None = None, dedup_window: int = 100_000, on_answer=None):
         self.url, self.stream, self.timeout_s = url, L.check_stream_id(stream), timeout_s
         self.seqs: dict[str, int] = {stream: start_seq}
         self.answered: dict[str, set] = {}     # per stream: (code or "prediction", seq) handed to the caller
@@ -31,6 +31,7 @@ class ClusterClient:
         self.duplicates = 0
         self.trace: list | None = None         # set to a list: every answer's (time, headers) before de-duplication
         self.inbox: queue.Queue = queue.Queue()
+        self.on_answer = on_answer             # called in the NATS thread with each answer instead of queueing it
         self._held: dict[tuple, dict] = {}     # answers read by step() while waiting for another
         self._subs: dict[str, object] = {}
         self._loop = asyncio.new_event_loop()
@@ -86,7 +87,10 @@ class ClusterClient:
                 self.answered[stream] = {k for k in seen if not isinstance(k[1], int) or k[1] >= floor}
         answer["epoch"] = int(msg.headers.get("St-Epoch", 0)) if msg.headers else 0
         answer["worker"] = msg.headers.get("St-Worker") if msg.headers else None
-        self.inbox.put(answer)
+        if self.on_answer is not None:
+            self.on_answer(answer)
+        else:
+            self.inbox.put(answer)
 
     # ---- receiving ----------------------------------------------------------------------
     def recv(self, timeout_s: float | None = None) -> dict:
