@@ -1,6 +1,7 @@
 """Cluster benchmark (streamtrace[cluster]), loopback only, every comparison in the same run:
 
-* per-sample latency p50/p99 of ``ClusterClient.step`` against a bare NATS request/reply echo,
+* per-sample latency p50/p99 of ``ClusterClient.step`` against a bare NATS request/reply echo
+  (its responder a thread of the client's process, and a process of its own as a worker is),
   against a JetStream echo (the log and a Python pull consumer replying at once: the cluster's
   path without the engine) and against the direct ZeroMQ path (``streamtrace serve`` with the
   same config, ``SensorClient.step``), the four taken in turns of a few hundred samples;
@@ -35,7 +36,7 @@ import cluster_harness as H                                  # noqa: E402
 from streamtrace.cluster import ClusterClient, NatsServer    # noqa: E402
 from streamtrace.cluster import log as L                     # noqa: E402
 
-ROUNDS = 4       # latency: the four paths take turns, samples / ROUNDS each per turn
+ROUNDS = 4       # latency: the paths take turns, samples / ROUNDS each per turn
 
 
 def echo_latency(url: str, n: int) -> np.ndarray:
@@ -65,6 +66,46 @@ def echo_latency(url: str, n: int) -> np.ndarray:
     loop.call_soon_threadsafe(stop.set)
     th.join(10)
     return np.asarray(out[20:])
+
+
+# A bare NATS responder in a process of its own, as a worker is.
+ECHO = r"""
+import asyncio, sys
+from streamtrace.cluster import log as L
+
+async def main():
+    nc = await L.connect(sys.argv[1])
+
+    async def reply(m):
+        await nc.publish(m.reply, m.data)
+    await nc.subscribe("bench.echo2", cb=reply)
+    await nc.flush()
+    print("ready", flush=True)
+    await asyncio.Event().wait()
+asyncio.run(main())
+"""
+
+
+class ProcessEcho:
+    """Request/reply round trips to ECHO, with the client pattern of ``echo_latency``."""
+
+    def __init__(self, url: str):
+        self.proc = subprocess.Popen([sys.executable, "-c", ECHO, url], stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout.readline().strip() == "ready", "the NATS echo did not start"
+        self.c = ClusterClient(url, stream="echo")
+
+    def __call__(self, n: int) -> np.ndarray:
+        out = []
+        for _ in range(n):
+            t = time.perf_counter()
+            self.c._call(self.c.nc.request("bench.echo2", b"x" * 64, timeout=5))
+            out.append(time.perf_counter() - t)
+        return np.asarray(out)
+
+    def close(self):
+        self.c.close()
+        self.proc.kill()
+        self.proc.wait()
 
 
 # The log's path without the engine: a Python process with the workers' kind of pull consumer
@@ -142,9 +183,9 @@ def free_tcp() -> str:
 
 
 def latency(samples: int) -> dict:
-    """p50/p99 (us) of the four paths, one worker and one engine built from the same config."""
+    """p50/p99 (us) of each path: one worker and one engine built from the same config."""
     from streamtrace.adapters import SensorClient
-    from streamtrace.launch import start_engine, stop, write_config
+    from streamtrace.launch import start_engine, stop
     tmp = Path(tempfile.mkdtemp(prefix="streamtrace-bench-cluster-lat-"))
     router = free_tcp()
     cfg = H.config(tmp, slots=16)
@@ -156,13 +197,14 @@ def latency(samples: int) -> dict:
         engine = start_engine(cfg)
         H.wait_balanced(srv.url, 1)
         cl, zmq = ClusterClient(srv.url, stream="lat", timeout_s=30), SensorClient(router, stream="lat", timeout_s=30)
-        js = JsEcho(srv.url)
-        clients += [cl, zmq, js]
-        timed_steps(cl, 30), timed_steps(zmq, 30), js(30)           # warm: compiled, connected, subscribed
-        got = {"cluster": [], "echo": [], "js": [], "zmq": []}
+        js, echo = JsEcho(srv.url), ProcessEcho(srv.url)
+        clients += [cl, zmq, js, echo]
+        timed_steps(cl, 30), timed_steps(zmq, 30), js(30), echo(30)   # warm: compiled, connected, subscribed
+        got = {"cluster": [], "echo": [], "echo_process": [], "js": [], "zmq": []}
         for _ in range(ROUNDS):
             k = max(samples // ROUNDS, 1)
             got["echo"].append(echo_latency(srv.url, k))
+            got["echo_process"].append(echo(k))
             got["js"].append(js(k))
             got["cluster"].append(timed_steps(cl, k))
             got["zmq"].append(timed_steps(zmq, k))
@@ -262,10 +304,13 @@ def table(lat: dict, sc: dict, args) -> str:
     rows = [
         "| measure | value |", "|---|---|",
         f"| step round trip through the cluster (ClusterClient.step), p50 / p99 us | {p('cluster')} |",
-        f"| bare NATS request/reply echo, p50 / p99 us | {p('echo')} |",
+        f"| bare NATS request/reply echo, responder a thread of the client's process, p50 / p99 us | {p('echo')} |",
+        f"| bare NATS request/reply echo, responder a process of its own (as a worker), p50 / p99 us | "
+        f"{p('echo_process')} |",
         f"| JetStream echo (the log + a Python pull consumer, no engine), p50 / p99 us | {p('js')} |",
         f"| direct ZeroMQ engine (`serve`, same config, SensorClient.step), p50 / p99 us | {p('zmq')} |",
-        f"| cluster / bare echo, p50 (target <= 2) | {lat['cluster'][0] / lat['echo'][0]:.2f}x |",
+        f"| cluster / bare echo, p50 (target <= 2): responder a thread / a process | "
+        f"{lat['cluster'][0] / lat['echo'][0]:.2f}x / {lat['cluster'][0] / lat['echo_process'][0]:.2f}x |",
         f"| cluster / direct ZeroMQ engine, p50 | {lat['cluster'][0] / lat['zmq'][0]:.2f}x |",
         f"| steps/s, {args.streams} streams pipelined: 1 / 2 / 4 workers | "
         f"{sc['steps_s_1']:.0f} / {sc['steps_s_2']:.0f} / {sc['steps_s_4']:.0f} |",
@@ -331,7 +376,7 @@ def main():
     if args.headline:
         return headline(args.streams, args.steps, args.kill)
     lat = latency(args.samples)
-    print(f"latency p50/p99 us: {lat}", flush=True)
+    print("latency p50/p99 us: " + ", ".join(f"{k} {a:.0f}/{b:.0f}" for k, (a, b) in lat.items()), flush=True)
     sc = scale(args.streams, args.steps, args.backlog)
     md = table(lat, sc, args)
     print(md)

@@ -25,22 +25,36 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cluster_harness as H                                  # noqa: E402
-from cluster import JsEcho, echo_latency                     # noqa: E402
+from cluster import JsEcho, ProcessEcho, echo_latency        # noqa: E402
 from streamtrace.cluster import ClusterClient, NatsServer    # noqa: E402
 
 # Runs in the worker process: wraps the pull callback, the owner's per-message step and the
 # stepper to stamp each log sequence, and writes the stamps at exit (SIGTERM: a clean leave).
 WORKER = r"""
 import json, sys, time
+from nats.aio import transport
 from streamtrace.cluster import owner, pull, stepper
-stamps, current = {}, [None]
+stamps, current, last_read = {}, [None], [0.0]
+read, writelines = transport.TcpTransport.read, transport.TcpTransport.writelines
+
+async def stamped_read(self, n):
+    data = await read(self, n)
+    last_read[0] = time.time()
+    return data
+
+def stamped_writelines(self, payload):
+    s = current[0]
+    if s is not None and "published" in s and "written" not in s:
+        s["written"] = time.time()
+    return writelines(self, payload)
+transport.TcpTransport.read, transport.TcpTransport.writelines = stamped_read, stamped_writelines
 on_msg, apply, step = pull.Puller._on_msg, owner.PartitionOwner._apply, stepper.Stepper.step
 
 async def stamped_on_msg(self, msg):
     if not msg.headers or msg.headers.get("Status") is None:
         md = msg.metadata
         stamps[md.sequence.stream] = {"stored": md.timestamp.timestamp() if hasattr(md.timestamp, "timestamp")
-                                      else None, "delivered": time.time()}
+                                      else None, "read": last_read[0], "delivered": time.time()}
     await on_msg(self, msg)
 
 async def stamped_apply(self, msg):
@@ -69,12 +83,15 @@ sys.exit(rc)
 
 STAGES = [("client call -> publish in the client's NATS thread", "t0", "sent"),
           ("-> stored in the JetStream log", "sent", "stored"),
-          ("-> delivered to the worker's pull subscription", "stored", "delivered"),
+          ("-> read from the worker's socket", "stored", "read"),
+          ("-> handed to the pull subscription's callback (nats-py)", "read", "delivered"),
           ("-> taken by the partition's owner", "delivered", "taken"),
           ("-> step starts (lease checks)", "taken", "step_start"),
           ("engine step (Stepper.step)", "step_start", "step_end"),
           ("-> answer handed to the worker's NATS client", "step_end", "published"),
-          ("-> answer read by the client's NATS thread", "published", "answered"),
+          ("-> written to the worker's socket", "published", "written"),
+          ("-> read from the client's socket", "written", "client_read"),
+          ("-> handed to the client's answer callback (nats-py)", "client_read", "answered"),
           ("-> returned to the caller", "answered", "t1")]
 
 
@@ -84,6 +101,14 @@ def client_side(url: str, n: int) -> list[dict]:
     c = ClusterClient(url, stream="prof", timeout_s=30)
     c.trace, stamps = [], {}
     publish, on_answer = c._publish, c._on_answer
+    from nats.aio import transport
+    read, last_read = transport.TcpTransport.read, [0.0]
+
+    async def stamped_read(self, size):
+        data = await read(self, size)
+        last_read[0] = time.time()
+        return data
+    transport.TcpTransport.read = stamped_read
 
     async def stamped_publish(stream, raw, msg_id):
         stamps.setdefault(int(msg_id.rsplit(":", 1)[1]), {})["sent"] = time.time()
@@ -93,7 +118,7 @@ def client_side(url: str, n: int) -> list[dict]:
         t = time.time()
         await on_answer(msg)
         seq = int(msg.headers["St-Log-Seq"]) - 1          # one stream in a fresh log: log seq = seq + 1
-        stamps.setdefault(seq, {})["answered"] = t
+        stamps.setdefault(seq, {}).update(answered=t, client_read=last_read[0])
     c._publish, c._on_answer = stamped_publish, stamped_on_answer
     x, rows = np.array([0.3], np.float32), []
     for i in range(n + 30):
@@ -122,10 +147,10 @@ def main():
         H.wait_joined(w)
         H.wait_balanced(srv.url, 1)
         echo = echo_latency(srv.url, args.samples)
-        js = JsEcho(srv.url)
-        js(30)
-        js_echo = js(args.samples)
-        js.close()
+        js, pecho = JsEcho(srv.url), ProcessEcho(srv.url)
+        js(30), pecho(30)
+        js_echo, process_echo = js(args.samples), pecho(args.samples)
+        js.close(), pecho.close()
         rows = client_side(srv.url, args.samples)
     finally:
         assert H.terminate([w]) == [0]
@@ -144,9 +169,12 @@ def main():
                  f"{np.percentile(total, 99):.0f}) |")
     lines.append(f"| bare NATS request/reply echo, same client | {np.median(echo) * 1e6:.0f} | "
                  f"{echo.mean() * 1e6:.0f} (p99 {np.percentile(echo, 99) * 1e6:.0f}) |")
+    lines.append(f"| bare NATS echo, the responder a process of its own | {np.median(process_echo) * 1e6:.0f} | "
+                 f"{process_echo.mean() * 1e6:.0f} (p99 {np.percentile(process_echo, 99) * 1e6:.0f}) |")
     lines.append(f"| JetStream echo: the log and a Python pull consumer replying, no engine | "
                  f"{np.median(js_echo) * 1e6:.0f} | {js_echo.mean() * 1e6:.0f} (p99 {np.percentile(js_echo, 99) * 1e6:.0f}) |")
-    lines.append(f"\nratio p50: {np.median(total) / (np.median(echo) * 1e6):.2f}x the echo")
+    lines.append(f"\nratio p50: {np.median(total) / (np.median(echo) * 1e6):.2f}x the echo (responder a thread), "
+                 f"{np.median(total) / (np.median(process_echo) * 1e6):.2f}x (responder a process)")
     text = "\n".join(lines)
     print(text)
     if args.out:
