@@ -49,6 +49,13 @@ def stamped_writelines(self, payload):
     return writelines(self, payload)
 transport.TcpTransport.read, transport.TcpTransport.writelines = stamped_read, stamped_writelines
 on_msg, apply, step = pull.Puller._on_msg, owner.PartitionOwner._apply, stepper.Stepper.step
+commit, ckpt_times = owner.PartitionOwner._commit, []
+
+async def timed_commit(self, *args):
+    t = time.time()
+    await commit(self, *args)
+    ckpt_times.append([t, time.time()])
+owner.PartitionOwner._commit = timed_commit
 
 async def stamped_on_msg(self, msg):
     if not msg.headers or msg.headers.get("Status") is None:
@@ -77,7 +84,7 @@ try:
     rc = main()
 finally:
     with open(out, "w") as fh:
-        json.dump(stamps, fh)
+        json.dump({"stamps": stamps, "checkpoints": ckpt_times}, fh)
 sys.exit(rc)
 """
 
@@ -155,7 +162,8 @@ def main():
     finally:
         assert H.terminate([w]) == [0]
         srv.kill()
-    stamps = {int(k): v for k, v in json.loads(stamps_file.read_text()).items()}
+    got = json.loads(stamps_file.read_text())
+    stamps, ckpts = {int(k): v for k, v in got["stamps"].items()}, np.array(got["checkpoints"])
     for r in rows:
         r.update(stamps[r["log_seq"]])
     lines = [f"{len(rows)} sequential steps, one worker, loopback ({os.cpu_count()} CPUs shared by nats-server, the "
@@ -173,6 +181,13 @@ def main():
                  f"{process_echo.mean() * 1e6:.0f} (p99 {np.percentile(process_echo, 99) * 1e6:.0f}) |")
     lines.append(f"| JetStream echo: the log and a Python pull consumer replying, no engine | "
                  f"{np.median(js_echo) * 1e6:.0f} | {js_echo.mean() * 1e6:.0f} (p99 {np.percentile(js_echo, 99) * 1e6:.0f}) |")
+    t0, t1 = rows[0]["t0"], rows[-1]["t1"]
+    during = ckpts[(ckpts[:, 0] >= t0) & (ckpts[:, 1] <= t1)] if len(ckpts) else np.zeros((0, 2))
+    if len(during):
+        d = (during[:, 1] - during[:, 0]) * 1e6
+        hit = sum(1 for r in rows if any(a < r["t1"] and r["t0"] < b for a, b in during))
+        lines.append(f"| checkpoints stored and committed meanwhile (in the background): {len(during)}, each | "
+                     f"{np.median(d):.0f} | max {d.max():.0f}; {hit} of {len(rows)} steps overlapped one |")
     lines.append(f"\nratio p50: {np.median(total) / (np.median(echo) * 1e6):.2f}x the echo (responder a thread), "
                  f"{np.median(total) / (np.median(process_echo) * 1e6):.2f}x (responder a process)")
     text = "\n".join(lines)
