@@ -319,8 +319,10 @@ def table(lat: dict, sc: dict, args) -> str:
         f"| replay after failover: the dead worker's partitions' log, steps/s ({sc['replayed']} steps) | "
         f"{sc['replay_steps_s']:.0f} |"]
     note = (f"Loopback, {cores} CPU cores shared by nats-server, every worker, the engine and the client (and "
-            "other jobs on this machine): with 2 cores, more than one worker cannot add throughput, the table "
-            f"shows what sharding costs there. GRU-8 D-RTRL, one model per stream; latency: 1 worker, "
+            "other jobs on this machine): a worker steps on one core (one Python event loop), so a second worker "
+            "can use the second core, but 4 workers on 2 cores share them with nats-server and the client: the "
+            "4-worker row shows what sharding costs there, not how it scales. GRU-8 D-RTRL, one model per "
+            "stream; latency: 1 worker, "
             f"engine.slots 16, {args.samples} samples per path in {ROUNDS} turns; throughput and failover: "
             f"engine.slots {2 * args.streams}, checkpoints every 200 messages or 1 s per partition.")
     return "\n".join(rows) + "\n\n" + note
