@@ -5,6 +5,7 @@ every sample answered once, in order, each prediction bit-identical to the engin
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -45,36 +46,62 @@ def reference(cfg, data: dict) -> dict:
 
 
 def test_mqtt_bridge_sends_to_the_cluster_and_each_sample_is_answered_once(cluster):
+    """Each sample answered once, in order, as one engine answers it; then a restarted bridge (a
+    new link numbering from 0) has its first sample per stream refused as a repeat and goes on
+    with the numbers the worker expects (a JetStream message id would have had it dropped unanswered)."""
     from mqtt_broker import Broker
-    from test_bridge_mqtt import Device
-    from streamtrace.adapters.mqtt import MqttBridge, MqttSettings
     url, cfg = cluster
-    data = {f"m{i}": v for i, v in enumerate(H.signals(2, STEPS).values())}
-    want = reference(cfg, data)
+    more = 4
+    rows = {f"m{i}": v for i, v in enumerate(H.signals(2, STEPS + 1 + more).values())}
+    # what the worker steps: rows 0..STEPS-1, then (the restart's first sample refused) the rest
+    want = reference(cfg, {n: np.concatenate([xs[:STEPS], xs[STEPS + 1:]]) for n, xs in rows.items()})
     broker = Broker().start()
-    bridge = MqttBridge(MqttSettings(port=broker.port, qos=1), NatsTarget(url, Credentials(token=TOKEN)),
-                        log=None).start()
     try:
-        assert bridge.connected.wait(15), "the bridge did not subscribe"
-        dev = Device(broker.port, subscribe=("sensors/+/pred",))
-        try:
-            dev.publish("sensors/a.b/data", {"x": [0.5]})         # a '.' cannot be in a NATS subject token
-            for t in range(STEPS):                                 # pipelined: no waiting for answers
-                for name, xs in data.items():
-                    dev.publish(f"sensors/{name}/data", {"x": [float(xs[t, 0])], "ts": 100.0 + t})
-            got = dev.take(2 * STEPS, timeout=90)
-        finally:
-            dev.close()
+        got, stats = _bridge_run(url, broker.port, rows, range(STEPS), bad_topic=True)
+        again, stats2 = _bridge_run(url, broker.port, rows, range(STEPS, STEPS + 1 + more), expect=more, resync=True)
     finally:
-        stats = bridge.stop()
         broker.stop()
-    for name in data:
+    for name in rows:
         mine = [p for p in got if p["stream"] == name]
         assert [p["seq"] for p in mine] == list(range(STEPS))       # each once, in order, none lost
         assert [p["ts"] for p in mine] == [100.0 + t for t in range(STEPS)]
         assert [p["pred"][0] for p in mine] == [want[(name, t)] for t in range(STEPS)]
+        mine = [p for p in again if p["stream"] == name]
+        assert [p["seq"] for p in mine] == list(range(STEPS, STEPS + more))
+        assert [p["pred"][0] for p in mine] == [want[(name, t)] for t in range(STEPS, STEPS + more)]
     assert (stats["forwarded"], stats["answered"], stats["published"]) == (2 * STEPS,) * 3
     assert stats["bad"] == {"bad_topic": 1} and not stats["refused"]
+    assert stats2["refused"] == {"repeat": 2} and stats2["link"]["resynced"] == 2 and stats2["answered"] == 2 * more
+
+
+def _bridge_run(url, port, rows: dict, steps, bad_topic=False, expect=None, resync=False):
+    """One MQTT bridge to the cluster: a device publishes ``rows`` at ``steps`` (pipelined) and
+    takes ``expect`` (default: all) predictions per stream. With ``resync``, the first step's
+    refusals are awaited before the rest go (samples sent before a stream's refusal comes back
+    carry the old numbers and are refused too). Returns (predictions, bridge summary)."""
+    from test_bridge_mqtt import Device
+    from streamtrace.adapters.mqtt import MqttBridge, MqttSettings
+    bridge = MqttBridge(MqttSettings(port=port, qos=1), NatsTarget(url, Credentials(token=TOKEN)), log=None).start()
+    try:
+        assert bridge.connected.wait(15), "the bridge did not subscribe"
+        dev = Device(port, subscribe=("sensors/+/pred",))
+        try:
+            if bad_topic:
+                dev.publish("sensors/a.b/data", {"x": [0.5]})     # a '.' cannot be in a NATS subject token
+            for k, t in enumerate(steps):
+                for name, xs in rows.items():
+                    dev.publish(f"sensors/{name}/data", {"x": [float(xs[t, 0])], "ts": 100.0 + t})
+                if resync and k == 0:
+                    deadline = time.monotonic() + 60
+                    while bridge.link is None or bridge.link.counts["resynced"] < len(rows):
+                        assert time.monotonic() < deadline, "the restarted bridge never resynchronised"
+                        time.sleep(0.02)
+            got = dev.take(len(rows) * (expect or len(steps)), timeout=90)
+        finally:
+            dev.close()
+    finally:
+        summary = bridge.stop()
+    return got, summary
 
 
 def test_lsl_bridge_sends_to_the_cluster_and_each_sample_is_answered_once(cluster):
