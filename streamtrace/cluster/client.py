@@ -29,6 +29,7 @@ class ClusterClient:
         self.answered: dict[str, set] = {}     # per stream: (code or "prediction", seq) handed to the caller
         self.dedup_window = dedup_window       # a replay never reaches further back than this many steps
         self.duplicates = 0
+        self.post_failures = 0                 # posted publications the NATS client refused after all
         self.trace: list | None = None         # set to a list: every answer's (time, headers) before de-duplication
         self.inbox: queue.Queue = queue.Queue()
         self.on_answer = on_answer             # called in the NATS thread with each answer instead of queueing it
@@ -59,6 +60,22 @@ class ClusterClient:
     def send_raw(self, raw: bytes, *, stream: str, msg_id: str | None = None):
         """Publish bytes as they are on ``stream``'s subject (bad messages included: the worker refuses them)."""
         self._call(self._publish(L.check_stream_id(stream), raw, msg_id))
+
+    def post(self, raw: bytes, *, stream: str):
+        """Publish without waiting for the NATS thread (a bridge's pipelined samples, no message
+        id): the publication is queued on it in call order. A stream's first message, and any while
+        the connection is down, go through ``send_raw`` instead: the first subscribes to the
+        stream's answers before it is sent, and a publication the client cannot buffer then raises."""
+        if stream not in self._subs or not self.nc.is_connected:
+            return self.send_raw(raw, stream=stream)
+        self._loop.call_soon_threadsafe(self._post, L.in_subject(stream), raw)
+
+    def _post(self, subject: str, raw: bytes):
+        self._loop.create_task(self.nc.publish(subject, raw)).add_done_callback(self._posted)
+
+    def _posted(self, task):
+        if not task.cancelled() and task.exception() is not None:
+            self.post_failures += 1
 
     async def _publish(self, stream, raw, msg_id):
         if stream not in self._subs:      # listen before the first step, or its answer could pass unseen

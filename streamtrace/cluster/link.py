@@ -4,7 +4,8 @@
 The numbering, the resynchronisation after a refusal and the bookkeeping of answers are
 ``EngineLink``'s; only the transport differs: samples go out through a ``ClusterClient``
 (whose NATS connection lives on a thread of its own, and which hands each (stream, seq) over
-once however often a replay answers it), answers come back through a deque, and a pipe is
+once however often a replay answers it), queued on its thread without waiting for it (as the
+ZeroMQ link does not wait), answers come back through a deque, and a pipe is
 written to when one arrives, so ``sock`` (its read end, a file descriptor) can join the
 bridge's ``zmq.Poller`` or ``select`` like the engine's socket.
 
@@ -59,7 +60,7 @@ class ClusterLink(EngineLink):
     def _transmit(self, stream: str, raw: bytes) -> bool:
         L.check_stream_id(stream)           # ValueError before any number is used
         try:
-            self.client.send_raw(raw, stream=stream)
+            self.client.post(raw, stream=stream)      # no wait for the NATS thread (~20 us a sample, not ~200)
         except Exception:  # noqa: BLE001 - connection closed, buffer full, timeout: not sent, counted
             return False
         return True
@@ -71,6 +72,8 @@ class ClusterLink(EngineLink):
         return bool(ready) or bool(self._answers)
 
     def _drain(self):
+        if self.client.post_failures:      # queued publications the NATS client refused (connection lost)
+            self.counts["not_sent_queued"] = self.client.post_failures
         try:
             while os.read(self._wake_r, 4096):
                 pass
