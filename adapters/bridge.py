@@ -18,7 +18,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-__all__ = ["BridgeStats", "BridgeThread", "load_bridge_config", "apply_flags", "engine_endpoint", "stop_event"]
+__all__ = ["BridgeStats", "BridgeThread", "NatsTarget", "load_bridge_config", "apply_flags", "engine_endpoint",
+           "engine_target", "open_link", "stream_problem", "stop_event"]
 
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:5555"
 
@@ -57,6 +58,67 @@ def engine_endpoint(flag: str | None, from_config: str | None) -> str:
         if ep.startswith(wildcard):
             ep = "tcp://127.0.0.1:" + ep[len(wildcard):]
     return ep
+
+
+@dataclass
+class NatsTarget:
+    """A cluster reached through NATS (``--nats URL``), where a bridge's target is otherwise an
+    engine's ZeroMQ router (a string). Credentials: a ``streamtrace.cluster.Credentials``."""
+    url: str
+    creds: object = None
+
+    def __str__(self):
+        from streamtrace.cluster.link import redact
+        return f"cluster {redact(self.url)}"
+
+
+NATS_SCHEMES = ("nats://", "tls://", "ws://", "wss://")
+
+
+def engine_target(args, from_config: str | None):
+    """``--nats URL`` (a :class:`NatsTarget` with the NATS credential flags), else the engine
+    endpoint as :func:`engine_endpoint` picks it. Mixing the two, or NATS credentials without
+    ``--nats``, is refused (``ConfigError`` naming the flag): either would silently be ignored."""
+    from streamtrace.cluster.cli import credentials, stray_credential
+    from streamtrace.engine.config import ConfigError
+    url = getattr(args, "nats", None)
+    stray = stray_credential(args)
+    if stray:
+        raise ConfigError(stray, "a NATS credential or TLS option needs --nats URL (without it the bridge talks to "
+                          "one engine over ZeroMQ)")
+    if url is None:
+        return engine_endpoint(getattr(args, "endpoint", None), from_config)
+    if getattr(args, "endpoint", None):
+        raise ConfigError("--nats", "choose one of --nats (a cluster) and --endpoint (one engine)")
+    if not url.startswith(NATS_SCHEMES):
+        raise ConfigError("--nats", f"{url!r} is not a NATS URL: nats://host:port (or tls://, ws://, wss://)")
+    return NatsTarget(url, credentials(args))
+
+
+def open_link(target, ctx=None):
+    """The bridge's link: an ``EngineLink`` to an engine's router, or a ``ClusterLink`` through
+    NATS (streamtrace[cluster], imported only then). The NATS one connects at once and raises
+    ``ConnectionError`` saying why when it cannot."""
+    if isinstance(target, NatsTarget):
+        from streamtrace.cluster.link import ClusterLink
+        return ClusterLink(target.url, creds=target.creds)
+    from .link import EngineLink
+    return EngineLink(target, ctx=ctx)
+
+
+def stream_problem(target, sid: str) -> str | None:
+    """Why ``sid`` cannot be a stream id of ``target`` (None when it can): the engine takes 1..128
+    printable characters; a cluster also needs one NATS subject token (no '.', '*', '>', spaces)."""
+    from streamtrace.wire import MAX_STREAM_ID
+    if not (0 < len(sid) <= MAX_STREAM_ID and sid.isprintable()):
+        return f"not 1..{MAX_STREAM_ID} printable characters"
+    if isinstance(target, NatsTarget):
+        from streamtrace.cluster.log import check_stream_id
+        try:
+            check_stream_id(sid)
+        except ValueError as e:
+            return str(e)
+    return None
 
 
 @dataclass

@@ -41,6 +41,10 @@ class Answer:
 
 
 class EngineLink:
+    """The numbering and the answers' bookkeeping; the transport (a ZeroMQ DEALER here) is in
+    ``_transmit``, ``_wait`` and ``_drain``, which :class:`~streamtrace.cluster.link.ClusterLink`
+    replaces with NATS. ``sock`` is what a ``zmq.Poller`` waits on for answers."""
+
     def __init__(self, endpoint: str = "tcp://127.0.0.1:5555", *, ctx: zmq.Context | None = None,
                  server_public_key: bytes | None = None, client_keys: str | None = None,
                  max_in_flight: int = 4096):
@@ -49,6 +53,9 @@ class EngineLink:
         self.sock.setsockopt(zmq.LINGER, 0)
         _curve(self.sock, server_public_key, client_keys)
         self.sock.connect(endpoint)
+        self._numbering(endpoint, max_in_flight)
+
+    def _numbering(self, endpoint: str, max_in_flight: int):
         self.endpoint = endpoint
         self.max_in_flight = max_in_flight
         self.next_seq: dict[str, int] = {}
@@ -73,10 +80,7 @@ class EngineLink:
             self.sent_at.pop(next(iter(self.sent_at)))
             self.counts["dropped_in_flight"] += 1
         seq = self.next_seq.get(stream, 0)
-        try:
-            # never block a bridge: with the engine gone, ZeroMQ's queue fills (its high-water mark)
-            self.sock.send_multipart([b"", wire.data_message(stream, seq, x, y, ts=ts, mode=mode)], zmq.NOBLOCK)
-        except zmq.Again:
+        if not self._transmit(stream, wire.data_message(stream, seq, x, y, ts=ts, mode=mode)):
             self.counts["not_sent"] += 1
             return None
         self.next_seq[stream] = seq + 1
@@ -84,24 +88,37 @@ class EngineLink:
         self.counts["sent"] += 1
         return seq
 
-    def poll(self, timeout_s: float = 0.0) -> list[Answer]:
-        """Every answer that has arrived, waiting up to ``timeout_s`` for the first one."""
-        out = []
-        if not self.sock.poll(int(timeout_s * 1000)):
-            return out
+    def _transmit(self, stream: str, raw: bytes) -> bool:
+        try:
+            # never block a bridge: with the engine gone, ZeroMQ's queue fills (its high-water mark)
+            self.sock.send_multipart([b"", raw], zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        return True
+
+    def _wait(self, timeout_s: float) -> bool:
+        return bool(self.sock.poll(int(timeout_s * 1000)))
+
+    def _drain(self):
+        """The decoded answers waiting now (None for one that could not be decoded)."""
         while True:
             try:
                 frames = self.sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
-                return out
-            answer = self._answer(frames[-1])
-            if answer is not None:
-                out.append(answer)
+                return
+            try:
+                yield decode_reply(frames[-1])
+            except Exception:           # not ours to crash on: counted by _answer
+                yield None
 
-    def _answer(self, raw: bytes) -> Answer | None:
-        try:
-            msg = decode_reply(raw)
-        except Exception:               # not ours to crash on: count and go on
+    def poll(self, timeout_s: float = 0.0) -> list[Answer]:
+        """Every answer that has arrived, waiting up to ``timeout_s`` for the first one."""
+        if not self._wait(timeout_s):
+            return []
+        return [a for a in map(self._answer, self._drain()) if a is not None]
+
+    def _answer(self, msg: dict | None) -> Answer | None:
+        if msg is None:
             self.counts["bad_reply"] += 1
             return None
         stream, seq = msg.get("stream"), msg.get("seq")

@@ -29,9 +29,8 @@ from pathlib import Path
 import numpy as np
 import zmq
 
-from streamtrace.wire import MAX_STREAM_ID
-
-from .bridge import BridgeStats, BridgeThread, apply_flags, engine_endpoint, load_bridge_config, stop_event
+from .bridge import (BridgeStats, BridgeThread, apply_flags, engine_target, load_bridge_config, open_link,
+                     stop_event, stream_problem)
 
 __all__ = ["LslSettings", "LslBridge", "LslBridgeError", "add_arguments", "run_cli"]
 
@@ -121,12 +120,13 @@ class _Stream:
 
 
 class LslBridge(BridgeThread):
-    """Bridges matching LSL streams to the engine at ``endpoint`` until ``stop`` is set.
+    """Bridges matching LSL streams to the engine at ``endpoint`` (or a cluster through NATS: a
+    :class:`~streamtrace.adapters.bridge.NatsTarget`) until ``stop`` is set.
 
     ``run(stop)`` in the calling thread, or ``start()`` / ``stop()`` in a thread of its own.
     ``stats`` (:class:`BridgeStats`) and ``streams`` (engine id -> its LSL side) are live."""
 
-    def __init__(self, settings: LslSettings, endpoint: str, *, log=None, ctx: zmq.Context | None = None):
+    def __init__(self, settings: LslSettings, endpoint, *, log=None, ctx: zmq.Context | None = None):
         self.settings = settings.validate()
         self.endpoint = endpoint
         self.log = log or sys.stderr
@@ -206,9 +206,9 @@ class LslBridge(BridgeThread):
                 print(f"lsl bridge: refused {why}", file=self.log)
                 continue
             sid = self._stream_id(info)
-            if len(sid) > MAX_STREAM_ID or not sid.isprintable():
-                why = (f"{_describe(info)} gives the engine stream id {sid!r}, which is not 1..{MAX_STREAM_ID} "
-                       "printable characters; choose another with stream_id")
+            problem = stream_problem(self.endpoint, sid)
+            if problem:
+                why = f"{_describe(info)} gives the engine stream id {sid!r}: {problem}; choose another with stream_id"
                 self.refused_streams[uid] = why
                 self.stats.bad_payload("bad stream id")
                 print(f"lsl bridge: refused {why}", file=self.log)
@@ -239,8 +239,12 @@ class LslBridge(BridgeThread):
         while answers are due the thread waits on the engine's socket instead, so neither way
         goes through another thread."""
         import pylsl
-        from .link import EngineLink
-        link = EngineLink(self.endpoint, ctx=self.ctx)
+        try:
+            link = open_link(self.endpoint, self.ctx)
+        except ConnectionError as e:            # a NATS server that refused the bridge or is not there
+            st.alive, st.error = False, str(e)
+            print(f"lsl bridge: stream {st.id!r} stopped: {st.error}", file=self.log)
+            return
         try:
             inlet = pylsl.StreamInlet(st.info, max_buflen=360, recover=True)
             inlet.open_stream(self.settings.wait_s)
@@ -387,10 +391,12 @@ def add_arguments(parser):
     parser.add_argument("--stats-json", default=None, metavar="FILE", help="write the bridge's counters here at exit")
 
 
-def settings_from(args) -> tuple[LslSettings, str]:
+def settings_from(args):
+    """``[bridge.lsl]`` of --config with the flags given, and the engine endpoint (with --nats: a
+    ``NatsTarget``)."""
     settings, router = load_bridge_config(getattr(args, "config", None), "lsl", LslSettings())
     apply_flags(settings, args, ("name", "type", "predicate", "stream_id", "wait_s", "rescan_s"))
-    return settings.validate(), engine_endpoint(getattr(args, "endpoint", None), router)
+    return settings.validate(), engine_target(args, router)
 
 
 def run_cli(args) -> int:
@@ -399,7 +405,9 @@ def run_cli(args) -> int:
     try:
         settings, endpoint = settings_from(args)
         bridge = LslBridge(settings, endpoint)
-    except (LslBridgeError, ConfigError) as e:
+        if not isinstance(endpoint, str):     # a cluster: a refused connection is said now, not per stream
+            open_link(endpoint).close()
+    except (LslBridgeError, ConfigError, ConnectionError) as e:
         print(f"bridge lsl: {e}", file=sys.stderr)
         return 2
     print(f"lsl bridge: {settings.predicate_text()} -> engine {endpoint}", file=sys.stderr)

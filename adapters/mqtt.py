@@ -32,8 +32,8 @@ import zmq
 
 from streamtrace import wire
 
-from .bridge import (DEFAULT_ENDPOINT, BridgeStats, BridgeThread, apply_flags, engine_endpoint, load_bridge_config,
-                     stop_event)
+from .bridge import (DEFAULT_ENDPOINT, BridgeStats, BridgeThread, apply_flags, engine_target, load_bridge_config,
+                     open_link, stop_event, stream_problem)
 from .link import EngineLink
 from .payload import BadPayload, decode_sample
 
@@ -116,12 +116,13 @@ def topic_matches(pattern: str, topic: str) -> bool:
 
 class MqttBridge(BridgeThread):
     """Samples from ``settings.topic`` to the engine at ``endpoint``, predictions back on MQTT.
+    ``endpoint`` may be a :class:`~streamtrace.adapters.bridge.NatsTarget`: a cluster through NATS.
 
     ``run(stop)`` is the bridge (it returns when ``stop`` is set); ``start()`` / ``stop()`` run it
     in a thread. ``stats`` counts samples and bad payloads; ``counts`` the broker connection
     (connects, disconnects) and publishing."""
 
-    def __init__(self, settings: MqttSettings | None = None, endpoint: str = DEFAULT_ENDPOINT, *,
+    def __init__(self, settings: MqttSettings | None = None, endpoint=DEFAULT_ENDPOINT, *,
                  ctx: zmq.Context | None = None, log=sys.stderr):
         self.settings = (settings or MqttSettings()).validate()
         self.endpoint = endpoint
@@ -153,7 +154,7 @@ class MqttBridge(BridgeThread):
             raise SystemExit("the MQTT bridge needs paho-mqtt: pip install 'streamtrace[mqtt]'") from None
         stop = stop or threading.Event()
         s = self.settings
-        self.link = link = EngineLink(self.endpoint, ctx=self.ctx)
+        self.link = link = open_link(self.endpoint, self.ctx)
         client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=s.client_id or "",
                              protocol=mqtt.MQTTv311)
         client.max_queued_messages_set(10000)     # bounded while the broker is away (QoS 1/2)
@@ -312,7 +313,7 @@ class MqttBridge(BridgeThread):
                 if p == "+" and i < len(levels):
                     parts.append(levels[i])
             sid = "/".join(parts)
-        ok = 0 < len(sid) <= wire.MAX_STREAM_ID and sid.isprintable() and "+" not in sid and "#" not in sid
+        ok = stream_problem(self.endpoint, sid) is None and "+" not in sid and "#" not in sid
         return sid if ok else None
 
     def _answer(self, a):
@@ -385,11 +386,12 @@ def add_arguments(parser):
     parser.add_argument("--stats-json", default=None, help="write the final counters to this file as JSON")
 
 
-def settings_from(args) -> tuple[MqttSettings, str]:
-    """``[bridge.mqtt]`` of --config, overridden by the flags given; and the engine endpoint."""
+def settings_from(args):
+    """``[bridge.mqtt]`` of --config, overridden by the flags given; and the engine endpoint
+    (or, with --nats, the cluster: a ``NatsTarget``)."""
     settings, router = load_bridge_config(args.config, "mqtt", MqttSettings())
     apply_flags(settings, args, [name for name, _, _ in FLAGS.values()])
-    return settings.validate(), engine_endpoint(args.endpoint, router)
+    return settings.validate(), engine_target(args, router)
 
 
 def run_cli(args) -> int:
@@ -400,7 +402,11 @@ def run_cli(args) -> int:
         print("config error: " + " ".join(str(e).split()), file=sys.stderr)
         return 2
     bridge = MqttBridge(settings, endpoint)
-    bridge.run(stop_event())
+    try:
+        bridge.run(stop_event())
+    except ConnectionError as e:       # a NATS server that refused the bridge or is not there
+        print(f"bridge mqtt: {e}", file=sys.stderr)
+        return 2
     bridge.stats.print("mqtt")
     m = bridge.summary()["mqtt"]
     print(f"mqtt: {m.get('connects', 0)} connections, {m.get('disconnects', 0)} disconnects"

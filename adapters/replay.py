@@ -216,10 +216,11 @@ def _score(result: ReplayResult, rows: Rows, window: int):
 def replay(path: str | Path, endpoint: str = DEFAULT_ENDPOINT, *, stream: str | None = None, columns=None,
            target_columns=None, time_column: str | None = None, rate: float | None = None,
            realtime: bool = False, window: int = 0, timeout_s: float = 60.0, progress: bool = False,
-           nats: str | None = None) -> ReplayResult:
+           nats: str | None = None, creds=None) -> ReplayResult:
     """Send every good row of ``path`` to the engine at ``endpoint`` and score its answers.
     With ``target_columns`` the rows carry ``y`` (the engine must be in supervised mode).
-    With ``nats`` (a URL), to a cluster through NATS instead (streamtrace[cluster])."""
+    With ``nats`` (a URL), to a cluster through NATS instead (streamtrace[cluster]; ``creds``:
+    its ``Credentials``)."""
     if rate is not None and realtime:
         raise ReplayError("choose one of --rate and --realtime")
     if realtime and not time_column:
@@ -236,7 +237,7 @@ def replay(path: str | Path, endpoint: str = DEFAULT_ENDPOINT, *, stream: str | 
     if nats:
         from streamtrace.cluster.client import ClusterClient
         endpoint = nats
-    with (ClusterClient(nats, stream=stream, timeout_s=timeout_s) if nats else
+    with (ClusterClient(nats, stream=stream, timeout_s=timeout_s, creds=creds) if nats else
           SensorClient(endpoint, stream=stream, timeout_s=timeout_s)) as client:
         for k, i in enumerate(good):
             pacer.wait(k, None if rows.ts is None else rows.ts[i])
@@ -319,9 +320,12 @@ def write_predictions(r: ReplayResult, path: str | Path):
 
 def run_cli(args) -> int:
     """``streamtrace replay``: a report, then one JSON line (the last line of stdout)."""
+    from streamtrace.cluster.cli import credentials, stray_credential
     from streamtrace.launch import start_engine, stop
     engine = None
     try:
+        if stray_credential(args):
+            raise ReplayError(f"{stray_credential(args)} is a NATS option: it needs --nats URL")
         endpoint = args.endpoint or DEFAULT_ENDPOINT
         if args.serve:
             router, mode = _engine_config(args.serve)
@@ -338,8 +342,8 @@ def run_cli(args) -> int:
         r = replay(args.file, endpoint, stream=args.stream, columns=_split(args.columns),
                    target_columns=_split(args.target_columns), time_column=args.time_column, rate=args.rate,
                    realtime=args.realtime, window=args.window, timeout_s=args.timeout, progress=True,
-                   nats=getattr(args, "nats", None))
-    except ReplayError as e:
+                   nats=args.nats, creds=credentials(args) if args.nats else None)
+    except (ReplayError, ConnectionError) as e:      # ConnectionError: a NATS server refused or absent
         print(f"replay: {e}", file=sys.stderr)
         return 2
     finally:

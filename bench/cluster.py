@@ -1,11 +1,28 @@
-"""Cluster benchmark (streamtrace[cluster]): per-sample latency through NATS against a bare
-NATS request/reply echo in the same run, steps/s with 1 and 2 workers, failover time (kill -9 ->
-first answer from the new owner). Loopback only.  python bench/cluster.py [--steps N]"""
+"""Cluster benchmark (streamtrace[cluster]), loopback only, every comparison in the same run:
+
+* per-sample latency p50/p99 of ``ClusterClient.step`` against a bare NATS request/reply echo
+  (its responder a thread of the client's process, and a process of its own as a worker is),
+  against a JetStream echo (the log and a Python pull consumer replying at once: the cluster's
+  path without the engine) and against the direct ZeroMQ path (``streamtrace serve`` with the
+  same config, ``SensorClient.step``), the four taken in turns of a few hundred samples;
+* steps/s with 1, 2 and 4 workers (pipelined streams; the machine's cores are shared by every
+  worker, nats-server and the client, so more workers than cores cannot add throughput);
+* failover: kill -9 of a worker -> the first answer from the new owner of one of its partitions;
+* replay rate after failover: steps/s the new owners work through the log of the dead worker's
+  partitions (from its last checkpoint, and the steps sent while nobody owned them).
+
+    python bench/cluster.py [--samples N] [--streams S] [--steps T] [--backlog B]
+    python bench/cluster.py --headline [--kill] [--streams 200 --steps 500]
+
+A full run (not --headline) replaces the "cluster" section of bench/RESULTS.md.
+"""
 from __future__ import annotations
 
 import argparse
 import asyncio
 import os
+import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -18,6 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import cluster_harness as H                                  # noqa: E402
 from streamtrace.cluster import ClusterClient, NatsServer    # noqa: E402
 from streamtrace.cluster import log as L                     # noqa: E402
+
+ROUNDS = 4       # latency: the paths take turns, samples / ROUNDS each per turn
 
 
 def echo_latency(url: str, n: int) -> np.ndarray:
@@ -39,79 +58,274 @@ def echo_latency(url: str, n: int) -> np.ndarray:
     ready.wait(30)
     c = ClusterClient(url)
     out = []
-    for _ in range(n):
+    for i in range(n + 20):
         t = time.perf_counter()
         c._call(c.nc.request("bench.echo", b"x" * 64, timeout=5))
         out.append(time.perf_counter() - t)
     c.close()
     loop.call_soon_threadsafe(stop.set)
     th.join(10)
-    return np.asarray(out)
-
-
-def engine_step(cfg_path, n: int) -> np.ndarray:
-    """The worker's own share: one message through Stepper.step in this process (no NATS)."""
-    from streamtrace import wire
-    from streamtrace.cluster.stepper import Stepper
-    from streamtrace.engine.config import load_config
-    st = Stepper(load_config(cfg_path))
-    st.warmup()
-    x, out = np.array([0.3], np.float32), []
-    for i in range(n + 20):
-        raw = wire.data_message("e", i, x)
-        t = time.perf_counter()
-        st.step(raw, "e")
-        out.append(time.perf_counter() - t)
     return np.asarray(out[20:])
 
 
-def step_latency(url: str, n: int) -> np.ndarray:
-    c = ClusterClient(url, stream="lat")
-    x = np.array([0.3], np.float32)
-    for _ in range(20):
-        c.step(x)
-    out = []
+# A bare NATS responder in a process of its own, as a worker is.
+ECHO = r"""
+import asyncio, sys
+from streamtrace.cluster import log as L
+
+async def main():
+    nc = await L.connect(sys.argv[1])
+
+    async def reply(m):
+        await nc.publish(m.reply, m.data)
+    await nc.subscribe("bench.echo2", cb=reply)
+    await nc.flush()
+    print("ready", flush=True)
+    await asyncio.Event().wait()
+asyncio.run(main())
+"""
+
+
+class ProcessEcho:
+    """Request/reply round trips to ECHO, with the client pattern of ``echo_latency``."""
+
+    def __init__(self, url: str):
+        self.proc = subprocess.Popen([sys.executable, "-c", ECHO, url], stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout.readline().strip() == "ready", "the NATS echo did not start"
+        self.c = ClusterClient(url, stream="echo")
+
+    def __call__(self, n: int) -> np.ndarray:
+        out = []
+        for _ in range(n):
+            t = time.perf_counter()
+            self.c._call(self.c.nc.request("bench.echo2", b"x" * 64, timeout=5))
+            out.append(time.perf_counter() - t)
+        return np.asarray(out)
+
+    def close(self):
+        self.c.close()
+        self.proc.kill()
+        self.proc.wait()
+
+
+# The log's path without the engine: a Python process with the workers' kind of pull consumer
+# (Puller) on a JetStream stream of the same storage, replying on core NATS at once.
+JS_ECHO = r"""
+import asyncio, sys
+from nats.js.api import AckPolicy, ConsumerConfig, StorageType, StreamConfig
+from streamtrace.cluster import log as L
+from streamtrace.cluster.pull import Puller
+
+async def main():
+    nc = await L.connect(sys.argv[1])
+    js = nc.jetstream()
+    await js.add_stream(StreamConfig(name="BENCHJS", subjects=["bench.js.*"], storage=StorageType.FILE))
+    await js.add_consumer("BENCHJS", ConsumerConfig(name="echo", ack_policy=AckPolicy.ALL, max_ack_pending=-1))
+    pull = Puller(nc, "BENCHJS", "echo")
+    await pull.start()
+    print("ready", flush=True)
+    while True:
+        for m in await pull.next_batch(1.0):
+            await nc.publish("bench.back", m.data, headers={"St-Log-Seq": str(m.metadata.sequence.stream)})
+asyncio.run(main())
+"""
+
+
+class JsEcho:
+    """Round trips through JS_ECHO with the client pattern of ``ClusterClient.step`` (publish and
+    wait in the client's NATS thread: one hand-over between threads each way)."""
+
+    def __init__(self, url: str):
+        self.proc = subprocess.Popen([sys.executable, "-c", JS_ECHO, url], stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout.readline().strip() == "ready", "the JetStream echo did not start"
+        self.c, self.waiting, self.i = ClusterClient(url, stream="jsecho"), {}, 0
+
+        async def back(msg):
+            fut = self.waiting.pop(int(msg.headers["St-Log-Seq"]), None)
+            if fut is not None:
+                fut.set_result(None)
+        self.c._call(self.c.nc.subscribe("bench.back", cb=back))
+
+    async def _one(self, i):
+        fut = asyncio.get_running_loop().create_future()
+        self.waiting[i] = fut
+        await self.c.nc.publish("bench.js.x", b"x" * 64, headers={"Nats-Msg-Id": f"x:{i}"})
+        await asyncio.wait_for(fut, 5)
+
+    def __call__(self, n: int) -> np.ndarray:
+        out = []
+        for _ in range(n):
+            self.i += 1
+            t = time.perf_counter()
+            self.c._call(self._one(self.i))
+            out.append(time.perf_counter() - t)
+        return np.asarray(out)
+
+    def close(self):
+        self.c.close()
+        self.proc.kill()
+        self.proc.wait()
+
+
+def timed_steps(client, n: int) -> np.ndarray:
+    x, out = np.array([0.3], np.float32), []
     for _ in range(n):
         t = time.perf_counter()
-        c.step(x)
+        client.step(x)
         out.append(time.perf_counter() - t)
-    c.close()
     return np.asarray(out)
 
 
-def throughput(url: str, streams: int, steps: int, tag: str) -> float:
-    c = ClusterClient(url, timeout_s=60)
-    data = {f"{tag}{k}": v for k, v in H.signals(streams, steps).items()}
-    t = time.perf_counter()
-    H.send_steps(c, data, 0, steps)
-    H.collect(c, {(k, s) for k in data for s in range(steps)}, 120)
-    dt = time.perf_counter() - t
-    c.close()
-    return streams * steps / dt
+def free_tcp() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
 
 
-def failover(url: str, workers, streams: int = 8) -> float:
-    """kill -9 one worker while streams flow; seconds from the kill to the first answer of a
-    partition it owned published by a new owner."""
-    c = ClusterClient(url, timeout_s=60)
-    c.trace = []
-    data = H.signals(streams, 40)
-    data = {f"f{k}": v for k, v in data.items()}
-    H.send_steps(c, data, 0, 10)
-    H.collect(c, {(n, t) for n in data for t in range(10)})
-    owned = {}
-    for _, _, h in c.trace:
-        owned[int(h["St-Partition"])] = h["St-Worker"]
-    victim_id = next(iter(owned.values()))
-    victim = next(w for w, wid in workers if wid == victim_id)
-    lost = {k for k, w in owned.items() if w == victim_id}
-    victim.kill()
+def latency(samples: int) -> dict:
+    """p50/p99 (us) of each path: one worker and one engine built from the same config."""
+    from streamtrace.adapters import SensorClient
+    from streamtrace.launch import start_engine, stop
+    tmp = Path(tempfile.mkdtemp(prefix="streamtrace-bench-cluster-lat-"))
+    router = free_tcp()
+    cfg = H.config(tmp, slots=16)
+    cfg.write_text(cfg.read_text() + f'[sockets]\nrouter = "{router}"\npull = ""\npub = ""\n')
+    srv = NatsServer(store_dir=str(tmp / "store")).start()
+    worker, engine, clients = None, None, []
+    try:
+        worker = H.start_worker(srv.url, cfg)
+        engine = start_engine(cfg)
+        H.wait_balanced(srv.url, 1)
+        cl, zmq = ClusterClient(srv.url, stream="lat", timeout_s=30), SensorClient(router, stream="lat", timeout_s=30)
+        js, echo = JsEcho(srv.url), ProcessEcho(srv.url)
+        clients += [cl, zmq, js, echo]
+        timed_steps(cl, 30), timed_steps(zmq, 30), js(30), echo(30)   # warm: compiled, connected, subscribed
+        got = {"cluster": [], "echo": [], "echo_process": [], "js": [], "zmq": []}
+        for _ in range(ROUNDS):
+            k = max(samples // ROUNDS, 1)
+            got["echo"].append(echo_latency(srv.url, k))
+            got["echo_process"].append(echo(k))
+            got["js"].append(js(k))
+            got["cluster"].append(timed_steps(cl, k))
+            got["zmq"].append(timed_steps(zmq, k))
+    finally:
+        for c in clients:
+            c.close()
+        if engine is not None:
+            stop(engine)
+        H.terminate([worker] if worker else [])
+        srv.kill()
+    return {k: (np.percentile(np.concatenate(v), 50) * 1e6, np.percentile(np.concatenate(v), 99) * 1e6)
+            for k, v in got.items()}
+
+
+class Feed:
+    """Pipelined steps of ``streams`` streams into one cluster, each stream's numbering kept
+    across calls; every answer's arrival (with its headers) recorded in ``client.trace``."""
+
+    def __init__(self, url: str, streams: int, total_steps: int):
+        self.c = ClusterClient(url, timeout_s=120)
+        self.c.trace = []
+        self.data = {f"b{k}": v for k, v in H.signals(streams, total_steps).items()}
+        self.t = 0
+
+    def run(self, steps: int) -> float:
+        """Send ``steps`` steps of every stream without waiting, collect every answer: steps/s."""
+        t0, t1 = self.t, self.t + steps
+        start = time.perf_counter()
+        H.send_steps(self.c, self.data, t0, t1)
+        H.collect(self.c, {(n, s) for n in self.data for s in range(t0, t1)}, 300)
+        self.t = t1
+        return len(self.data) * steps / (time.perf_counter() - start)
+
+    def owners(self) -> dict:
+        """partition -> the worker that answered for it last."""
+        return {int(h["St-Partition"]): h["St-Worker"] for _, _, h in self.c.trace}
+
+    def close(self):
+        self.c.close()
+
+
+def failover(feed: Feed, workers: list, backlog: int) -> tuple[float, float, int]:
+    """kill -9 the worker owning the most partitions with traffic, then send ``backlog`` steps of
+    every stream at once. Returns (seconds from the kill to the first answer of one of its
+    partitions from another worker, steps/s the new owners answered that partitions' log at
+    (replay from the last checkpoint, then the steps sent meanwhile), how many)."""
+    owners = feed.owners()
+    by_worker = {}
+    for k, w in owners.items():
+        by_worker.setdefault(w, set()).add(k)
+    victim_id, lost = max(by_worker.items(), key=lambda kv: len(kv[1]))
+    proc = next(p for p, wid in workers if wid == victim_id)
+    proc.kill()
     t_kill = time.monotonic()
-    H.send_steps(c, data, 10, 40)
-    H.collect(c, {(n, t) for n in data for t in range(10, 40)}, 120)
-    firsts = [t for t, _, h in c.trace if t > t_kill and int(h["St-Partition"]) in lost and h["St-Worker"] != victim_id]
-    c.close()
-    return min(firsts) - t_kill
+    feed.run(backlog)
+    after = [t for t, _, h in feed.c.trace if t > t_kill and int(h["St-Partition"]) in lost
+             and h["St-Worker"] != victim_id]
+    first, last = min(after), max(after)
+    return first - t_kill, (len(after) - 1) / max(last - first, 1e-9), len(after)
+
+
+def scale(streams: int, steps: int, backlog: int) -> dict:
+    """steps/s with 1, 2 and 4 workers, then a failover with a backlog."""
+    tmp = Path(tempfile.mkdtemp(prefix="streamtrace-bench-cluster-"))
+    cfg = H.config(tmp, slots=2 * streams)      # room for every stream on one worker after a failover
+    srv = NatsServer(store_dir=str(tmp / "store")).start()
+    workers, logs, out = [], [], {}
+
+    def add(n):
+        for p in [H.start_worker(srv.url, cfg, "--checkpoint-every", "200", wait=False) for _ in range(n)]:
+            workers.append((p, H.wait_joined(p, sink=logs)))
+        H.wait_balanced(srv.url, len(workers))
+    feed = None
+    try:
+        add(1)
+        feed = Feed(srv.url, streams, 3 * steps + backlog + 10)
+        feed.run(10)                                       # warm: the streams' first steps, subscriptions
+        for n in (1, 2, 4):
+            if len(workers) < n:
+                add(n - len(workers))
+            out[f"steps_s_{n}"] = feed.run(steps)
+        out["failover_s"], out["replay_steps_s"], out["replayed"] = failover(feed, workers, backlog)
+    except BaseException:
+        sys.stderr.write("worker logs:\n" + "".join(logs[-60:]))
+        raise
+    finally:
+        if feed is not None:
+            feed.close()
+        H.terminate([p for p, _ in workers])
+        srv.kill()
+    return out
+
+
+def table(lat: dict, sc: dict, args) -> str:
+    cores = os.cpu_count()
+    p = lambda k: f"{lat[k][0]:.0f} / {lat[k][1]:.0f}"   # noqa: E731
+    rows = [
+        "| measure | value |", "|---|---|",
+        f"| step round trip through the cluster (ClusterClient.step), p50 / p99 us | {p('cluster')} |",
+        f"| bare NATS request/reply echo, responder a thread of the client's process, p50 / p99 us | {p('echo')} |",
+        f"| bare NATS request/reply echo, responder a process of its own (as a worker), p50 / p99 us | "
+        f"{p('echo_process')} |",
+        f"| JetStream echo (the log + a Python pull consumer, no engine), p50 / p99 us | {p('js')} |",
+        f"| direct ZeroMQ engine (`serve`, same config, SensorClient.step), p50 / p99 us | {p('zmq')} |",
+        f"| cluster / bare echo, p50 (target <= 2): responder a thread / a process | "
+        f"{lat['cluster'][0] / lat['echo'][0]:.2f}x / {lat['cluster'][0] / lat['echo_process'][0]:.2f}x |",
+        f"| cluster / direct ZeroMQ engine, p50 | {lat['cluster'][0] / lat['zmq'][0]:.2f}x |",
+        f"| steps/s, {args.streams} streams pipelined: 1 / 2 / 4 workers | "
+        f"{sc['steps_s_1']:.0f} / {sc['steps_s_2']:.0f} / {sc['steps_s_4']:.0f} |",
+        f"| failover: kill -9 -> first answer from the new owner (lease ttl {H.TTL} s; target <= 5 s) | "
+        f"{sc['failover_s']:.2f} s |",
+        f"| replay after failover: the dead worker's partitions' log, steps/s ({sc['replayed']} steps) | "
+        f"{sc['replay_steps_s']:.0f} |"]
+    note = (f"Loopback, {cores} CPU cores shared by nats-server, every worker, the engine and the client (and "
+            "other jobs on this machine): a worker steps on one core (one Python event loop), so a second worker "
+            "can use the second core, but 4 workers on 2 cores share them with nats-server and the client: the "
+            "4-worker row shows what sharding costs there, not how it scales. GRU-8 D-RTRL, one model per "
+            "stream; latency: 1 worker, "
+            f"engine.slots 16, {args.samples} samples per path in {ROUNDS} turns; throughput and failover: "
+            f"engine.slots {2 * args.streams}, checkpoints every 200 messages or 1 s per partition.")
+    return "\n".join(rows) + "\n\n" + note
 
 
 def headline(streams: int, steps: int, kill: bool):
@@ -153,44 +367,25 @@ def headline(streams: int, steps: int, kill: bool):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--samples", type=int, default=500)
-    ap.add_argument("--streams", type=int, default=8)
-    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--samples", type=int, default=800, help="latency samples per path")
+    ap.add_argument("--streams", type=int, default=16)
+    ap.add_argument("--steps", type=int, default=100, help="steps per stream for each worker count")
+    ap.add_argument("--backlog", type=int, default=150, help="steps per stream sent right after the kill")
+    ap.add_argument("--out", default="", help="write the table here too")
     ap.add_argument("--headline", action="store_true", help="3 workers, --streams x --steps, compared with one engine")
     ap.add_argument("--kill", action="store_true", help="with --headline: kill -9 one worker halfway")
     args = ap.parse_args()
     if args.headline:
         return headline(args.streams, args.steps, args.kill)
-    tmp = Path(tempfile.mkdtemp(prefix="streamtrace-bench-cluster-"))
-    cfg = H.config(tmp, slots=64)    # every stream of the run holds a slot while its partition is owned
-    srv = NatsServer(store_dir=str(tmp / "store")).start()
-    procs, logs = [], []
-    try:
-        echo = echo_latency(srv.url, args.samples)
-        eng = engine_step(cfg, args.samples)
-        w = H.start_worker(srv.url, cfg, "-v", wait=False)
-        procs.append((w, H.wait_joined(w, sink=logs)))
-        time.sleep(2)
-        r1 = throughput(srv.url, args.streams, args.steps, "one")
-        lat = step_latency(srv.url, args.samples)
-        print(f"latency p50/p99 us: cluster step {np.percentile(lat, 50) * 1e6:.0f}/{np.percentile(lat, 99) * 1e6:.0f}, "
-              f"bare NATS echo {np.percentile(echo, 50) * 1e6:.0f}/{np.percentile(echo, 99) * 1e6:.0f}, "
-              f"ratio p50 {np.percentile(lat, 50) / np.percentile(echo, 50):.2f}x; the engine step alone "
-              f"(in process) {np.percentile(eng, 50) * 1e6:.0f} us", flush=True)
-        w = H.start_worker(srv.url, cfg, "-v", wait=False)
-        procs.append((w, H.wait_joined(w, sink=logs)))
-        time.sleep(3 * H.TTL)
-        r2 = throughput(srv.url, args.streams, args.steps, "two")
-        print(f"steps/s ({args.streams} streams, pipelined): 1 worker {r1:.0f}, 2 workers {r2:.0f} "
-              f"(2 cores shared with nats-server and the client: {os.cpu_count()} CPUs here)", flush=True)
-        print(f"failover (kill -9 -> first answer from the new owner, lease ttl {H.TTL} s): "
-              f"{failover(srv.url, procs):.2f} s", flush=True)
-    except BaseException:
-        sys.stderr.write("worker logs:\n" + "".join(logs[-60:]))
-        raise
-    finally:
-        H.terminate([p for p, _ in procs])
-        srv.kill()
+    lat = latency(args.samples)
+    print("latency p50/p99 us: " + ", ".join(f"{k} {a:.0f}/{b:.0f}" for k, (a, b) in lat.items()), flush=True)
+    sc = scale(args.streams, args.steps, args.backlog)
+    md = table(lat, sc, args)
+    print(md)
+    if args.out:
+        Path(args.out).write_text(md + "\n")
+    from results_file import write_section
+    write_section("cluster", "Scale-out on NATS JetStream (`bench/cluster.py`)", md)
 
 
 if __name__ == "__main__":

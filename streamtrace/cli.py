@@ -41,6 +41,7 @@ BUSES = {"lsl": "Lab Streaming Layer: forward an LSL stream to an engine, predic
 
 
 def _bridge_parsers(sub):
+    from .cluster.cli import credential_args      # the NATS flags of --nats (no NATS import here)
     p = sub.add_parser("bridge", help="connect a sensor bus (LSL, MQTT) to an engine, predictions back on the bus")
     buses = p.add_subparsers(dest="bus", required=True)
     for bus, text in BUSES.items():
@@ -49,6 +50,9 @@ def _bridge_parsers(sub):
                        "[sockets] router (the serve config works)" % bus)
         b.add_argument("--endpoint", default=None, help="the engine's router (default: the config's, or "
                        "tcp://127.0.0.1:5555)")
+        b.add_argument("--nats", default=None, metavar="URL", help="send to a cluster through NATS instead "
+                       "(nats://host:port; streamtrace[cluster]; docs/cluster.md)")
+        credential_args(b)
         # each bridge module names its own flags; it imports its bus library only when it runs
         importlib.import_module(f"streamtrace.adapters.{bus}").add_arguments(b)
         b.set_defaults(func=_run)
@@ -124,6 +128,8 @@ def main(argv=None) -> int:
                                                    "or sockets.router of --serve's config)")
     p.add_argument("--nats", default=None, metavar="URL", help="send to a cluster through NATS instead "
                    "(nats://[token@]host:port; streamtrace[cluster])")
+    from .cluster.cli import credential_args
+    credential_args(p)
     p.add_argument("--stream", default=None, help="stream id (default: the file name without suffix)")
     p.add_argument("--columns", default=None, help="input columns, by name or position: a,b (default: "
                                                   "every numeric column but the time and target columns)")

@@ -9,10 +9,11 @@ import subprocess
 import sys
 import time
 
-__all__ = ["add_parsers"]
+__all__ = ["add_parsers", "credential_args", "credentials", "stray_credential"]
 
 
-def _credential_args(p):
+def credential_args(p):
+    """The NATS credential and TLS flags every command that talks to a cluster takes."""
     g = p.add_argument_group("NATS credentials and TLS")
     g.add_argument("--token", default=None)
     g.add_argument("--user", default=None)
@@ -24,10 +25,22 @@ def _credential_args(p):
     g.add_argument("--tls-key", default=None)
 
 
-def _creds(args):
+CREDENTIAL_FLAGS = ("token", "user", "password", "creds", "nkey", "tls_ca", "tls_cert", "tls_key")
+
+
+def credentials(args):
+    """A ``Credentials`` from the flags of :func:`credential_args`."""
     from .log import Credentials
-    return Credentials(args.token, args.user, args.password, args.creds, args.nkey, args.tls_ca, args.tls_cert,
-                       args.tls_key)
+    return Credentials(*(getattr(args, f, None) for f in CREDENTIAL_FLAGS))
+
+
+def stray_credential(args) -> str | None:
+    """The first NATS credential / TLS flag given to a command that has no ``--nats`` URL (it
+    would be ignored silently), as it is spelled on the command line; None when there is none."""
+    if getattr(args, "nats", None):
+        return None
+    given = [f for f in CREDENTIAL_FLAGS if getattr(args, f, None)]
+    return "--" + given[0].replace("_", "-") if given else None
 
 
 def cmd_worker(args) -> int:
@@ -37,7 +50,8 @@ def cmd_worker(args) -> int:
                         format="%(asctime)s %(name)s %(message)s")
     try:
         cfg = load_config(args.config)
-        return run_worker(args.nats, cfg, creds=_creds(args), partitions=args.partitions, lease_ttl_s=args.lease_ttl,
+        return run_worker(args.nats, cfg, creds=credentials(args), partitions=args.partitions,
+                          lease_ttl_s=args.lease_ttl,
                           ckpt_every=args.checkpoint_every, ckpt_interval_s=args.checkpoint_interval,
                           prometheus_port=args.prometheus_port)
     except ConfigError as e:
@@ -86,7 +100,7 @@ def cmd_status(args) -> int:
     from .status import format_status, gather
 
     async def main():
-        nc = await connect(args.nats, _creds(args), name="streamtrace-status")
+        nc = await connect(args.nats, credentials(args), name="streamtrace-status")
         try:
             return await gather(nc)
         finally:
@@ -107,7 +121,7 @@ def add_parsers(sub):
                    "partition's checkpoints while it has new steps (what a failover replays)")
     p.add_argument("--prometheus-port", type=int, default=0, help="serve Prometheus metrics on 127.0.0.1 (0: off)")
     p.add_argument("-v", "--verbose", action="store_true")
-    _credential_args(p)
+    credential_args(p)
     p.set_defaults(func=cmd_worker)
     p = sub.add_parser("cluster", help="a local NATS cluster: up, status")
     cs = p.add_subparsers(dest="action", required=True)
@@ -124,5 +138,5 @@ def add_parsers(sub):
     st = cs.add_parser("status", help="partitions -> owner, epoch, lag, checkpoint age; workers")
     st.add_argument("--nats", default="nats://127.0.0.1:4222")
     st.add_argument("--json", action="store_true")
-    _credential_args(st)
+    credential_args(st)
     st.set_defaults(func=cmd_status)

@@ -13,9 +13,10 @@ owner (publishing, acking) before anyone can take over.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = ["Lease", "LeaseTable", "lease_key", "LeaseLost"]
 
@@ -39,6 +40,9 @@ class Lease:
     ckpt: str | None         # object name of the checkpoint covering the log up to seq
     seq: int                 # last log sequence the checkpoint covers (0: none)
     ckpt_t: float = 0.0      # wall time of that checkpoint's commit (for `cluster status`)
+    # one write at a time: a renewal while a checkpoint commits in the background would name the
+    # same revision, and the server would refuse the second as if the lease had been taken over
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False, compare=False)
 
     def valid(self, now: float) -> bool:
         return now < self.valid_until
@@ -88,7 +92,12 @@ class LeaseTable:
             return None
         return Lease(k, new["epoch"], revision, sent + SAFETY * self.ttl, new["ckpt"], new["seq"], new["ckpt_t"])
 
-    async def _write(self, lease: Lease, owner: str, ckpt: str | None, seq: int):
+    async def _write(self, lease: Lease, owner: str, ckpt: str | None, seq: int | None):
+        """ckpt / seq None: keep the lease's own, read under the lock (a commit may be changing them)."""
+        async with lease.lock:
+            await self._write_now(lease, owner, lease.ckpt if ckpt is None else ckpt, lease.seq if seq is None else seq)
+
+    async def _write_now(self, lease: Lease, owner: str, ckpt: str | None, seq: int):
         from nats.js.errors import KeyWrongLastSequenceError
         ckpt_t = time.time() if ckpt != lease.ckpt else lease.ckpt_t
         val = {"owner": owner, "epoch": lease.epoch, "ckpt": ckpt, "seq": seq, "t": time.time(), "ckpt_t": ckpt_t}
@@ -104,9 +113,9 @@ class LeaseTable:
 
     async def renew(self, lease: Lease, ckpt: str | None = None, seq: int | None = None):
         """Extend the lease; with ckpt/seq also commit a checkpoint. Raises LeaseLost."""
-        await self._write(lease, self.worker, lease.ckpt if ckpt is None else ckpt, lease.seq if seq is None else seq)
+        await self._write(lease, self.worker, ckpt, seq)
 
     async def release(self, lease: Lease, ckpt: str | None = None, seq: int | None = None):
         """Hand the partition back (owner ""), with the final checkpoint. Raises LeaseLost."""
-        await self._write(lease, "", lease.ckpt if ckpt is None else ckpt, lease.seq if seq is None else seq)
+        await self._write(lease, "", ckpt, seq)
         lease.valid_until = 0.0

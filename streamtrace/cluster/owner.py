@@ -3,7 +3,8 @@ message, publish the answers, checkpoint, commit under the fencing token, then a
 
 Order of writes (why the state is exact): a checkpoint is stored as a new object, then made
 current by a compare-and-set on the lease (refused if the lease moved on), and only then are
-the messages it covers acked. A new owner loads the committed checkpoint and replays the log
+the messages it covers acked (the storing and committing run in a task of their own while the
+owner steps on: the snapshot was taken first, one commit at a time). A new owner loads the committed checkpoint and replays the log
 after its sequence; the step being deterministic, it recomputes the same states and the same
 predictions (clients drop the repeats by (stream, seq)). Whenever this owner is unsure of
 where it stands (its lease's validity ran out mid-batch, a broker error mid-step), it drops
@@ -24,6 +25,9 @@ __all__ = ["PartitionOwner"]
 log = logging.getLogger("streamtrace.cluster")
 
 
+_background: set = set()      # deletions of superseded checkpoints in flight (a reference keeps each task alive)
+
+
 class _Unsure(Exception):
     """Stop and reload from the committed checkpoint."""
 
@@ -37,6 +41,7 @@ class PartitionOwner:
         self.since_ckpt, self.t_ckpt = 0, time.monotonic()
         self.psub, self.consumer = None, None
         self.stopping, self.lost = False, False
+        self.commit: asyncio.Task | None = None     # the checkpoint being stored and committed
 
     # ---- taking over -------------------------------------------------------------------
     async def load(self):
@@ -91,12 +96,14 @@ class PartitionOwner:
                 await asyncio.sleep(0.2)
                 await self._reload()
         if self.lost:
+            await self._settle(quietly=True)
             await self._unsubscribe()
             self.w.stepper.drop(self.names)
             self.names = set()
 
     async def _reload(self):
         try:
+            await self._settle(quietly=True)      # its outcome is in the lease either way
             if not self.lease.valid(time.monotonic()):
                 await self.w.leases.renew(self.lease)
             await self.load()
@@ -113,12 +120,14 @@ class PartitionOwner:
             raise _Unsure("no subscription")
         if now > self.lease.valid_until - self.w.renew_margin:
             await self.w.leases.renew(self.lease)
+        if self.commit is not None and self.commit.done():
+            await self._settle()                  # a commit that failed raises here: reload
         msgs = await self.psub.next_batch(self.w.poll_s)
         for msg in msgs:
             await self._apply(msg)
         if self.since_ckpt >= self.w.ckpt_every or (
                 self.since_ckpt and time.monotonic() - self.t_ckpt >= self.w.ckpt_interval_s):
-            await self.checkpoint()
+            await self.checkpoint(wait=False)
 
     async def _apply(self, msg):
         seq = msg.metadata.sequence.stream
@@ -145,32 +154,58 @@ class PartitionOwner:
         self.w.count("published" if kind == "pred" else "refused")
 
     # ---- durability ---------------------------------------------------------------------
-    async def checkpoint(self):
-        """Store, commit under the fencing token, then ack. Raises LeaseLost or _Unsure."""
+    async def checkpoint(self, wait: bool = True):
+        """Snapshot the partition's streams now; store the snapshot, commit it under the fencing
+        token, then ack what it covers: in a task of its own (stepping goes on meanwhile; one
+        commit at a time), awaited here when ``wait``. Raises LeaseLost or _Unsure."""
+        await self._settle()
         w, lease = self.w, self.lease
         if not lease.valid(time.monotonic()):
             raise _Unsure("lease validity ran out before a checkpoint")
         name = f"p{self.k}.e{lease.epoch}.s{self.applied}"
         raw = w.stepper.snapshot(self.names, self.applied, {"partition": self.k, "epoch": lease.epoch})
+        self.commit = asyncio.create_task(self._commit(name, raw, self.applied, self.last_msg))
+        self.last_msg, self.since_ckpt, self.t_ckpt = None, 0, time.monotonic()
+        if wait:
+            await self._settle()
+
+    async def _settle(self, quietly: bool = False):
+        """Wait for the commit in flight; its error raised (or, ``quietly``, only logged)."""
+        task, self.commit = self.commit, None
+        if task is None:
+            return
+        try:
+            await task
+        except Exception as e:  # noqa: BLE001 - quietly: the caller reloads or leaves anyway
+            if not quietly:
+                raise
+            log.info("partition %d: checkpoint not committed (%s: %s)", self.k, type(e).__name__, e)
+
+    async def _commit(self, name: str, raw: bytes, seq: int, last_msg):
+        w, lease = self.w, self.lease
         await w.objects.put(name, raw)
         old = lease.ckpt
-        await w.leases.renew(lease, ckpt=name, seq=self.applied)
+        await w.leases.renew(lease, ckpt=name, seq=seq)
         w.count("checkpoints")
-        if self.last_msg is not None:
-            await self.last_msg.ack()
-            self.last_msg = None
-        self.since_ckpt, self.t_ckpt = 0, time.monotonic()
-        if old and old != name:
-            try:
-                await w.objects.delete(old)
-            except Exception:  # noqa: BLE001 - a leftover object costs space, not correctness
-                pass
+        if last_msg is not None:
+            await last_msg.ack()
+        if old and old != name:      # three more round trips: off the path of the next message
+            task = asyncio.create_task(self._delete(old))
+            _background.add(task)
+            task.add_done_callback(_background.discard)
+
+    async def _delete(self, name: str):
+        try:
+            await self.w.objects.delete(name)
+        except Exception:  # noqa: BLE001 - a leftover object costs space, not correctness
+            pass
 
     async def release(self):
         """Graceful hand-over (after ``run`` returned): the final checkpoint, the lease
         released, the slots freed."""
         try:
             if not self.lost:
+                await self._settle()
                 if self.since_ckpt:
                     await self.checkpoint()
                 await self.w.leases.release(self.lease)

@@ -9,6 +9,7 @@ or when none answered for longer than it can live (a reconnect drops them silent
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import time
 
@@ -23,7 +24,8 @@ class Puller:
     def __init__(self, nc, stream: str, consumer: str, *, batch: int = 256, expires_s: float = 5.0):
         self.nc, self.batch, self.expires_s = nc, batch, expires_s
         self.subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}"
-        self.queue: asyncio.Queue = asyncio.Queue()
+        self.queue: collections.deque = collections.deque()     # None: the consumer failed (self.error)
+        self.waiter: asyncio.Future | None = None      # set when a message arrives for a waiting next_batch
         self.requested, self.t_request, self.sub, self.error = 0, 0.0, None, None
 
     async def start(self):
@@ -43,7 +45,7 @@ class Puller:
             return
         if status is None:
             self.requested -= 1
-            self.queue.put_nowait(msg)
+            self._put(msg)
             return
         if status in ("408", "404"):        # a request ran out: ask again
             self.requested = 0
@@ -53,18 +55,33 @@ class Puller:
                 self.requested = 0
             else:
                 self.error = PullError(f"pull refused: 409 {desc}")
-                self.queue.put_nowait(None)
+                self._put(None)
+
+    def _put(self, msg):
+        self.queue.append(msg)
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
 
     async def next_batch(self, timeout_s: float, most: int = 256) -> list:
         """Messages waiting now, or the first to arrive within ``timeout_s`` (then any others queued)."""
         await self._top_up()
+        if not self.queue:
+            # a bare future woken by _on_msg: the owner resumes one hand-over after the message
+            # (asyncio.wait_for on a queue's get would add a task of its own, two more per message)
+            loop = asyncio.get_running_loop()
+            self.waiter = waiter = loop.create_future()
+            timer = loop.call_later(timeout_s, lambda: waiter.done() or waiter.set_result(None))
+            try:
+                await waiter
+            finally:
+                timer.cancel()
+                self.waiter = None
+            if not self.queue:
+                await self._top_up()
+                return []
         out = []
-        try:
-            first = await asyncio.wait_for(self.queue.get(), timeout_s)
-        except asyncio.TimeoutError:
-            await self._top_up()
-            return out
-        for msg in [first] + [self.queue.get_nowait() for _ in range(min(self.queue.qsize(), most - 1))]:
+        while self.queue and len(out) < most:
+            msg = self.queue.popleft()
             if msg is None:
                 raise self.error
             out.append(msg)
