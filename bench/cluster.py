@@ -86,19 +86,21 @@ asyncio.run(main())
 """
 
 
-class ProcessEcho:
-    """Request/reply round trips to ECHO, with the client pattern of ``echo_latency``."""
+class _EchoProcess:
+    """A responder process (``script``) and a ClusterClient timing round trips to it; ``_round``
+    is one round trip's coroutine."""
 
-    def __init__(self, url: str):
-        self.proc = subprocess.Popen([sys.executable, "-c", ECHO, url], stdout=subprocess.PIPE, text=True)
-        assert self.proc.stdout.readline().strip() == "ready", "the NATS echo did not start"
-        self.c = ClusterClient(url, stream="echo")
+    def __init__(self, url: str, script: str, stream: str, what: str):
+        self.proc = subprocess.Popen([sys.executable, "-c", script, url], stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout.readline().strip() == "ready", f"the {what} did not start"
+        self.c, self.i = ClusterClient(url, stream=stream), 0
 
     def __call__(self, n: int) -> np.ndarray:
         out = []
         for _ in range(n):
+            self.i += 1
             t = time.perf_counter()
-            self.c._call(self.c.nc.request("bench.echo2", b"x" * 64, timeout=5))
+            self.c._call(self._round(self.i))
             out.append(time.perf_counter() - t)
         return np.asarray(out)
 
@@ -106,6 +108,16 @@ class ProcessEcho:
         self.c.close()
         self.proc.kill()
         self.proc.wait()
+
+
+class ProcessEcho(_EchoProcess):
+    """Request/reply round trips to ECHO, with the client pattern of ``echo_latency``."""
+
+    def __init__(self, url: str):
+        super().__init__(url, ECHO, "echo", "NATS echo")
+
+    def _round(self, i):
+        return self.c.nc.request("bench.echo2", b"x" * 64, timeout=5)
 
 
 # The log's path without the engine: a Python process with the workers' kind of pull consumer
@@ -131,14 +143,13 @@ asyncio.run(main())
 """
 
 
-class JsEcho:
+class JsEcho(_EchoProcess):
     """Round trips through JS_ECHO with the client pattern of ``ClusterClient.step`` (publish and
     wait in the client's NATS thread: one hand-over between threads each way)."""
 
     def __init__(self, url: str):
-        self.proc = subprocess.Popen([sys.executable, "-c", JS_ECHO, url], stdout=subprocess.PIPE, text=True)
-        assert self.proc.stdout.readline().strip() == "ready", "the JetStream echo did not start"
-        self.c, self.waiting, self.i = ClusterClient(url, stream="jsecho"), {}, 0
+        super().__init__(url, JS_ECHO, "jsecho", "JetStream echo")
+        self.waiting = {}
 
         async def back(msg):
             fut = self.waiting.pop(int(msg.headers["St-Log-Seq"]), None)
@@ -146,25 +157,11 @@ class JsEcho:
                 fut.set_result(None)
         self.c._call(self.c.nc.subscribe("bench.back", cb=back))
 
-    async def _one(self, i):
+    async def _round(self, i):
         fut = asyncio.get_running_loop().create_future()
         self.waiting[i] = fut
         await self.c.nc.publish("bench.js.x", b"x" * 64, headers={"Nats-Msg-Id": f"x:{i}"})
         await asyncio.wait_for(fut, 5)
-
-    def __call__(self, n: int) -> np.ndarray:
-        out = []
-        for _ in range(n):
-            self.i += 1
-            t = time.perf_counter()
-            self.c._call(self._one(self.i))
-            out.append(time.perf_counter() - t)
-        return np.asarray(out)
-
-    def close(self):
-        self.c.close()
-        self.proc.kill()
-        self.proc.wait()
 
 
 def timed_steps(client, n: int) -> np.ndarray:
