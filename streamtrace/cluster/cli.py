@@ -115,7 +115,8 @@ def add_parsers(sub):
     p.add_argument("--nats", required=True, help="the NATS server URL, e.g. nats://127.0.0.1:4222")
     p.add_argument("--config", default=None, help="engine TOML (model, learning, engine.slots)")
     p.add_argument("--partitions", type=int, default=None, help="P, when this worker creates the log (default 16)")
-    p.add_argument("--lease-ttl", type=float, default=3.0, help="seconds a silent owner keeps its partitions")
+    p.add_argument("--lease-ttl", type=float, default=2.0,
+                   help="seconds a silent owner keeps its partitions (failover takes about this + 1-2 s)")
     p.add_argument("--checkpoint-every", type=int, default=200, help="messages per partition between checkpoints")
     p.add_argument("--checkpoint-interval", type=float, default=1.0, help="seconds at most between a "
                    "partition's checkpoints while it has new steps (what a failover replays)")

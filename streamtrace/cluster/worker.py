@@ -38,7 +38,7 @@ def worker_id() -> str:
 
 
 class Worker:
-    def __init__(self, url: str, cfg, *, creds: L.Credentials | None = None, lease_ttl_s: float = 3.0,
+    def __init__(self, url: str, cfg, *, creds: L.Credentials | None = None, lease_ttl_s: float = 2.0,
                  heartbeat_s: float = 0.5, ckpt_every: int = 200, ckpt_interval_s: float = 1.0,
                  poll_s: float = 0.25, partitions: int | None = None, wid: str | None = None,
                  prometheus_port: int = 0):
