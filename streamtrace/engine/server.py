@@ -257,8 +257,11 @@ class Engine:
                     if not (from_router or from_pull):
                         break
                 busy = bool(events) or core.has_pending()
+                # nothing else waits (the drain emptied the sockets): a reply may go out before
+                # its update runs (engine.reply_first); under load one call a step, as before
+                early = None if from_router or from_pull else self._send
                 while core.has_pending():
-                    self._send(core.tick())
+                    self._send(core.tick(early))
                 now = clock()
                 if busy:
                     spin.busy(now)
