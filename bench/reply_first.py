@@ -12,7 +12,7 @@ back in this process (no sockets): the update program alone, and the prediction 
 followed by it (what a step costs when its reply goes first).
 
     nice -n 10 .venv/bin/python bench/reply_first.py [--hidden 64] [--steps 2000] [--rounds 3]
-        [--period-us 500] [--write]
+        [--period-us 2000] [--write]
 
 ``--write``: the tables into bench/RESULTS.md (section ``reply-first``).
 """
@@ -176,7 +176,7 @@ def main():
     ap.add_argument("--algorithm", default="d-rtrl")
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--period-us", type=int, default=500, help="the paced sensor's period")
+    ap.add_argument("--period-us", type=int, default=2000, help="the paced sensor's period")
     ap.add_argument("--write", action="store_true", help="the tables into bench/RESULTS.md")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="st-reply-", dir="/tmp"))

@@ -190,3 +190,22 @@ def test_bad_settings_are_refused_by_name():
         load_config(None, {"engine": {"reply_first": "yes"}})
     with pytest.raises(ValueError, match="before_update"):
         Forecast(before_update=1)
+
+
+def test_the_loop_backs_off_while_updates_hold_messages_up():
+    """The serve loop replies first only while that pays: an update that held up a message
+    (found waiting when the call ended) makes the next 1, 2, 4 .. 64 calls reply after their
+    update; one that held nothing up ends it. Never with messages waiting, never when off."""
+    from streamtrace.engine.reply_first import MAX_BACKOFF, ReplyFirst
+    send = object()
+    r = ReplyFirst(True)
+    assert r.sender(send, quiet=True) is send and r.sender(send, quiet=False) is None
+    for skip in (1, 2, 4, 8, 16, 32, 64, 64):
+        r.outcome(held_up=True)
+        assert [r.sender(send, quiet=True) for _ in range(skip)] == [None] * skip
+        assert r.sender(send, quiet=True) is send
+    assert skip == MAX_BACKOFF
+    r.outcome(held_up=False)
+    r.outcome(held_up=True)
+    assert r.sender(send, quiet=True) is None and r.sender(send, quiet=True) is send
+    assert ReplyFirst(False).sender(send, quiet=True) is None

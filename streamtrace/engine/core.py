@@ -95,6 +95,7 @@ class EngineCore:
         # call's replies may leave after a prediction program, before the step runs (tick)
         lc = cfg.learning
         self.reply_first = ec.reply_first and (lc.mode == "supervised" or lc.forecast_before_update)
+        self.replied_first = False       # the last tick sent its replies before its update
 
     def warmup(self):
         """Compile every program now, so no message waits for the compiler."""
@@ -355,6 +356,7 @@ class EngineCore:
         steps = self.steps + len(taken)
         early = send is not None and self.reply_first and count == 1 and \
             self.learner.programs.is_compiled(("predict", self._predict_key(m)))
+        self.replied_first = early
         if early:       # the prediction program: the same bits as the step's (programs.predict)
             send(self._answers(taken, [self._predicted(m, idx, call, arrays)], steps))
         results = self._call(m, idx, count, call, *arrays)
