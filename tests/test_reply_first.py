@@ -113,6 +113,7 @@ def test_replies_leave_before_the_update(monkeypatch):
     assert seen == [(["predict"], ["reply", "pub"], 0)]      # sent with no update run yet
     assert spy.events == ["predict", "update"]
     assert core.learner.stats()["updates"] == before + 1
+    assert core.metrics.counters["replied_first"] == 1 and core.metrics.counters["answered"] == 1
 
 
 def test_without_a_sender_or_with_a_burst_one_call_serves(monkeypatch):

@@ -359,6 +359,7 @@ class EngineCore:
         self.replied_first = early
         if early:       # the prediction program: the same bits as the step's (programs.predict)
             send(self._answers(taken, [self._predicted(m, idx, call, arrays)], steps))
+            self.metrics.count("replied_first", len(taken))
         results = self._call(m, idx, count, call, *arrays)
         self.steps = steps
         self._since_publish += len(taken)
