@@ -69,7 +69,8 @@ def build_learner(cfg: EngineConfig, *, slots: int | None = None, shared_weights
     model, optimizer = beside_of(cfg, model, make_optimizer(lc), n_model)
     example = np.zeros(cfg.model.n_in, np.float64 if cfg.model.precision == 64 else np.float32)
     if lc.mode == "forecast":
-        mode = Forecast(tuple(lc.channels) or None, lc.horizon, learn_every=lc.learn_every)
+        mode = Forecast(tuple(lc.channels) or None, lc.horizon, learn_every=lc.learn_every,
+                        before_update=lc.forecast_before_update)
     else:
         mode = Supervised(learn_every=lc.learn_every, label_delay=lc.label_delay)
     try:

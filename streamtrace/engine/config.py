@@ -78,6 +78,9 @@ class LearningConfig:
     channels: list = field(default_factory=list)   # forecast: the input channels to predict ([]: all)
     horizon: int = 1             # forecast: predict the next `horizon` values every step
     label_delay: int = 0         # supervised: a `label` message may come up to this many steps late
+    forecast_before_update: bool = False   # forecast: predict with the weights as they were before
+                                 # this step's update, so the reply can leave before it runs
+                                 # (engine.reply_first; its quality cost: docs/configuration.md)
 
 
 @dataclass
@@ -131,6 +134,9 @@ class EngineSection:
     cpu: int = -1                 # pin the engine to this CPU (-1: no pinning)
     busy_poll_us: int = 1000      # after traffic, poll without sleeping this long: no wake-up per
                                   # message (0: off; never with one CPU; CPU cost: docs/benchmarks.md)
+    reply_first: bool = True      # when nothing else waits, send a one-step call's replies before
+                                  # its update runs, where the prediction does not depend on it
+                                  # (supervised; forecast with learning.forecast_before_update)
     sync_dispatch: bool = True    # run each compiled step on the calling thread: every step is
                                   # awaited anyway, and a hand-off to jax's worker thread costs
                                   # a cross-thread wake-up per message
@@ -393,6 +399,9 @@ class EngineConfig:
         _int_range("learning.horizon", l.horizon, 1, 10_000)
         if l.horizon > 1 and l.mode != "forecast":
             raise ConfigError("learning.horizon", "needs learning.mode = 'forecast'")
+        if l.forecast_before_update and l.mode != "forecast":
+            raise ConfigError("learning.forecast_before_update", "is a forecast option (a supervised prediction is "
+                              "always made before the update); needs learning.mode = 'forecast'")
         _int_range("metrics.window", self.metrics.window, 1, 2**31 - 1)
         c = self.combine
         if c.period == 1 or not 0 <= c.period <= 10_000_000:

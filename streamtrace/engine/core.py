@@ -91,6 +91,11 @@ class EngineCore:
         # engine has one program, the one-step one, and a burst takes one call per step.
         self.looped = bool(self.subsets)
         self.ready = [ec.micro_batch] if self.looped else [1]   # steps one call over all slots takes
+        # reply first: where a prediction does not depend on its step's update, a one-step
+        # call's replies may leave after a prediction program, before the step runs (tick)
+        lc = cfg.learning
+        self.reply_first = ec.reply_first and (lc.mode == "supervised" or lc.forecast_before_update)
+        self.replied_first = False       # the last tick sent its replies before its update
 
     def warmup(self):
         """Compile every program now, so no message waits for the compiler."""
@@ -108,16 +113,22 @@ class EngineCore:
             self.learner.programs.step()
 
     def warmup_later(self):
-        """The other programs, one per ``next()``: the subset calls (a few busy streams), then
+        """The other programs, one per ``next()``: the prediction program (reply_first), the
+        subset calls (a few busy streams) with theirs, then
         the label program (learning.label_delay), the slot reset and parking's read and write
         (a stream leaving or coming back).
         ``tick`` uses a subset program once it is ready; a slot program needed before that is
         compiled on first use. Compiling never touches the state (the engine runs this on a
         thread of its own while serving)."""
         L = self.learner
+        if self.reply_first:        # the prediction program of the call over all slots
+            L.programs.predict(self._predict_key(None))
+            yield
         for m in self.subsets:
             if m not in self.ready_subsets:
                 L.programs.subset(m, self.cfg.engine.micro_batch)
+                if self.reply_first:     # its prediction twin before it serves (tick asks for both)
+                    L.programs.predict(self._predict_key(m))
                 self.ready_subsets.append(m)
                 yield
         if L.label_delay:
@@ -334,9 +345,38 @@ class EngineCore:
         return self._pending > 0
 
     # ---- one batched call ---------------------------------------------------------------
-    def tick(self) -> list:
+    def tick(self, send=None) -> list:
+        """One call for the queued steps; returns what to send. ``send``: a sender the replies
+        may go to before the update runs (``reply_first``): the caller passes it when nothing
+        else waits for the engine (its sockets are empty), so the extra call costs no message
+        any time; under load the engine ticks without it, one call a step as before."""
         if not self._pending:
             return []
+        m, idx, count, call, arrays, taken = self._take()
+        steps = self.steps + len(taken)
+        early = send is not None and self.reply_first and count == 1 and \
+            self.learner.programs.is_compiled(("predict", self._predict_key(m)))
+        self.replied_first = early
+        if early:       # the prediction program: the same bits as the step's (programs.predict)
+            send(self._answers(taken, [self._predicted(m, idx, call, arrays)], steps))
+            self.metrics.count("replied_first", len(taken))
+        results = self._call(m, idx, count, call, *arrays)
+        self.steps = steps
+        self._since_publish += len(taken)
+        self._since_ckpt += len(taken)
+        self.metrics.count("steps", len(taken))
+        self.metrics.count("updates", sum(1 for r in results if r.applied is True or
+                                          (r.applied is not False and r.applied.any())))
+        out = [] if early else self._answers(taken, results, steps)
+        every = self.cfg.publish.weights_every
+        if every and self._since_publish >= every:
+            out.append(("pub", b"weights", self.weights_message("update")))
+        return out
+
+    def _take(self):
+        """Queued steps into the inputs of one call: (m, idx, count, call, (xs, ys, active,
+        learn), taken), m the subset size (None: all slots), taken (step, position, message,
+        origin, t_recv) per step."""
         busy = [st for st in self.streams.values() if st.pending]
         # few busy streams: a call over their slots only (once compiled), else all slots; per-
         # slot models step in pairs (learner.pairs), so a subset call takes their whole pairs
@@ -346,7 +386,7 @@ class EngineCore:
         count = min(max(len(st.pending) for st in busy), K)
         if self.ckpt and self._since_ckpt + sum(min(len(st.pending), count) for st in busy) > self.cfg.checkpoint.every:
             self.save_checkpoint()
-        L, supervised = self.learner, self.cfg.learning.mode == "supervised"
+        supervised = self.cfg.learning.mode == "supervised"
         idx = None
         if m is None:
             # one program and one step: its own input views, filled in place (the latency path)
@@ -373,16 +413,13 @@ class EngineCore:
                     learn[j, p] = d["mode"] == "learn"
                 taken.append((j, p, d, origin, t_recv))
         self._pending -= len(taken)
-        results = self._call(m, idx, count, call, xs, ys, active, learn)
-        self.steps += len(taken)
-        self._since_publish += len(taken)
-        self._since_ckpt += len(taken)
-        self.metrics.count("steps", len(taken))
-        self.metrics.count("updates", sum(1 for r in results if r.applied is True or
-                                          (r.applied is not False and r.applied.any())))
+        return m, idx, count, call, (xs, ys, active, learn), taken
+
+    def _answers(self, taken, results, steps) -> list:
+        """The replies and publications of the steps ``taken`` from their ``results``."""
         encode, metrics, publish = self._reply, self.metrics, self.cfg.publish.predictions
         signal = publish and self.cfg.publish.signal
-        out, steps, version, now = [], self.steps, self.version, self.clock()
+        out, version, now = [], self.version, self.clock()
         for j, p, d, origin, t_recv in taken:
             r = results[j]
             loss = float(r.loss[p])
@@ -397,11 +434,23 @@ class EngineCore:
                     reply = encode(*args, d["x"] if d["y"] is None else d["y"])
                 out.append(("pub", b"pred/" + name.encode(), reply))
             metrics.latency(now - t_recv)
-        self.metrics.count("answered", len(taken))
-        every = self.cfg.publish.weights_every
-        if every and self._since_publish >= every:
-            out.append(("pub", b"weights", self.weights_message("update")))
+        metrics.count("answered", len(taken))
         return out
+
+    def _predict_key(self, m):
+        """Which prediction program goes with the call over subset m (None: all slots)."""
+        K = self.cfg.engine.micro_batch
+        return ("subset", m, K) if m is not None else ("loop", K) if self.looped else None
+
+    def _predicted(self, m, idx, call, arrays):
+        """One step's results from the prediction program of the call ``_call`` makes next
+        (the state is not touched; applied flags all False)."""
+        P, key = self.learner.programs, self._predict_key(m)
+        if m is not None:
+            return P.decode(P.run_predict(key, idx, np.int32(1), *arrays)[0], m=m)
+        if self.looped:
+            return P.decode(P.run_predict(key, np.int32(1), *arrays)[0])
+        return P.decode(P.run_predict(key, *call))
 
     def _call(self, m, idx, count, call, xs, ys, active, learn) -> list:
         """``count`` steps: a subset call (m slots), the loop program over all slots, or, in an

@@ -18,7 +18,7 @@ class Metrics:
                          "steps": 0, "updates": 0, "skipped": 0, "lost_on_resync": 0,
                          "checkpoints": 0, "weights_published": 0, "reply_failures": 0,
                          "parked": 0, "unparked": 0, "park_dropped": 0, "pub_dropped": 0, "labels": 0,
-                         "labels_refused": 0}
+                         "labels_refused": 0, "replied_first": 0}
         self.errors_by_code: dict[str, int] = {}
         self.pub_dropped_by_topic: dict[str, int] = {}
         self.latency_us: deque = deque(maxlen=latency_samples)

@@ -24,6 +24,7 @@ from .core import EngineCore
 from .memory import release_after_warmup
 from .preflight import check_environment, check_security
 from .receive import recv_message
+from .reply_first import ReplyFirst
 from .spin import BusyPoll
 
 __all__ = ["Engine", "serve", "open_engine"]
@@ -73,6 +74,7 @@ class Engine:
         self._auth = None
         self.router = self.pull = self.pub = None
         self._refused: dict[bytes, list] = {}   # topic -> [publications left to skip, last skip]
+        self._reply_first = ReplyFirst(self.core.reply_first)
         try:
             self.router = self._socket(zmq.ROUTER, cfg.sockets.router)
             self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
@@ -100,6 +102,11 @@ class Engine:
         s = self._socket(zmq.XPUB, addr)
         s.setsockopt(zmq.XPUB_NODROP, 1)
         return s
+
+    def _waiting(self) -> bool:
+        """Whether a message waits on the ROUTER or the PULL socket."""
+        return bool(self.router.getsockopt(_EVENTS) & _POLLIN) or \
+            (self.pull is not None and bool(self.pull.getsockopt(_EVENTS) & _POLLIN))
 
     def _drain_subscriptions(self):
         """An XPUB hands subscriptions to the application: read them so they do not pile up."""
@@ -257,8 +264,16 @@ class Engine:
                     if not (from_router or from_pull):
                         break
                 busy = bool(events) or core.has_pending()
+                # nothing else waits (the drain emptied the sockets): a reply may go out before
+                # its update runs (engine.reply_first, reply_first.py); under load one call a
+                # step, as before
+                early = self._reply_first.sender(self._send, quiet=not (from_router or from_pull))
+                first = False
                 while core.has_pending():
-                    self._send(core.tick())
+                    self._send(core.tick(early))
+                    first = first or core.replied_first
+                if first:       # did the update hold up a message that came meanwhile?
+                    self._reply_first.outcome(self._waiting())
                 now = clock()
                 if busy:
                     spin.busy(now)

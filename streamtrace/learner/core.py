@@ -116,7 +116,7 @@ class OnlineLearner:
         self.out_shape, self.y_dtype = self._output(out, readout, mode, channels)
         reduce = slots.reduce if slots is not None else extra.get("reduce", "mean")
         self.cfg = StepConfig(mode, learn_every, reduce, channels, spec.horizon if spec else 1, metrics.window,
-                              self.label_delay)
+                              self.label_delay, before_update=bool(spec and spec.before_update))
         steps = LabelledSteps if self.label_delay else StepFunctions
         self.fns = steps(self.algo, get_loss(loss), parts, self.cfg, transform=transform, readout=readout,
                          y_shape=self.out_shape, combine=combine)

@@ -37,10 +37,13 @@ class Forecast:
     """Forecast mode with options: ``channels`` the input channels to predict (the others are
     exogenous inputs; None: all), ``horizon`` how many steps ahead each step predicts (the
     model is run forward on its own predictions inside the step; learning uses step one),
-    ``learn_every`` k sums k steps' gradients into one optimizer update."""
+    ``learn_every`` k sums k steps' gradients into one optimizer update; ``before_update``:
+    predict with the weights (model and readout) as they were before this step's update
+    (from the newest input), so the prediction does not wait for the update."""
     channels: tuple | None = None
     horizon: int = 1
     learn_every: int = 1
+    before_update: bool = False
 
     def __post_init__(self):
         if self.channels is not None:
@@ -53,6 +56,8 @@ class Forecast:
         if not isinstance(self.horizon, int) or self.horizon < 1:
             raise ValueError(f"Forecast: horizon must be an integer >= 1; got {self.horizon!r}")
         _check_every(self.learn_every, "Forecast")
+        if not isinstance(self.before_update, bool):
+            raise ValueError(f"Forecast: before_update must be True or False; got {self.before_update!r}")
 
 
 def mode_parts(mode) -> tuple:

@@ -173,6 +173,50 @@ class Programs:
         return self._program("label", lambda: jax.jit(run, donate_argnums=(0,)).lower(
             self.avals, np.int32(0), np.int32(0), jax.ShapeDtypeStruct(self.out_shape, self.y_dtype)).compile())
 
+    def predict(self, key=None):
+        """The prediction-only twin of the program ``key`` (None: ``step()``, ("loop", k) or
+        ("subset", m, k)), for calls of one step: the same inputs in the same packed buffer
+        (views filled for one serve both), the same step code with no state written back, and
+        the same output vector but for its applied flags (0). XLA keeps only what the
+        prediction and the loss need (no gradient, no optimizer), so the answer can leave
+        before the update runs (the engine's reply_first) and is the twin's, bit for bit
+        (tests/test_reply_first.py). No buffers donated: the twin runs next on the same ones."""
+        def build():
+            twin = self._twin(key)
+            if key is None:
+                fn = lambda b, x, y, a, l: self._steps(self.layout.unpack(b), None, x, y, a, l, update=False)[1]
+                m = self.n
+            elif key[0] == "loop":
+                fn = lambda b, count, xs, ys, a, l: self._loop_steps(self.layout.unpack(b), count, xs, ys, a, l,
+                                                                     update=False)[1]
+                m = self.n
+            else:
+                fn, m = self._predict_subset(), key[1]
+            inputs = twin.inputs
+            run = jax.jit(lambda buffers, io: fn(buffers, *inputs.unpack(io)))
+            options = self.options(m, loop=key is not None)     # the twin's: the same scheduler
+            return _Call(run.lower(self.avals, inputs.buffer).compile(options), inputs, None)
+        return self._program(("predict", key), build)
+
+    def _twin(self, key):
+        if key is None:
+            return self.step()
+        if key[0] == "loop":
+            return self.loop(key[1])
+        return self.subset(key[1], key[2])
+
+    def _predict_subset(self):
+        """``_fn_subset`` without its write-back: the m gathered slots' predictions."""
+        layout = self.layout
+        rows = SlotRows(layout, self._slot_names(), self.n)
+
+        def fn(buffers, idx, count, xs, ys, active, learn):
+            got = rows.gather(buffers, idx)
+            full = layout.treedef.flatten_up_to(layout.unpack(buffers))
+            state = jax.tree_util.tree_unflatten(layout.treedef, [got.get(k, v) for k, v in zip(layout.names, full)])
+            return self._loop_steps(state, count, xs, ys, active, learn, update=False)[1]
+        return fn
+
     def example_inputs(self, k, n=None):
         """Zero (x, y, active) of a call of k steps (None: one step) over n slots (all)."""
         lead = () if k is None else (k,)
@@ -218,6 +262,10 @@ class Programs:
         m, k = len(idx), len(xs)
         L.buffers, vecs = self.subset(m, k)(L.buffers, idx, np.int32(count), xs, ys, active, learn)
         return np.asarray(vecs)
+
+    def run_predict(self, key, *inputs) -> np.ndarray:
+        """``predict(key)`` on the learner's buffers (left as they are): its output vector."""
+        return np.asarray(self.predict(key)(self._learner.buffers, *inputs))
 
     def decode(self, vec, k: int | None = None, m: int | None = None) -> list[StepResult] | StepResult:
         """Split ``run``'s vector into StepResults (a list when k is given); m: the slot count
@@ -267,12 +315,13 @@ class Programs:
             self.layout.treedef, list(self.layout.names))))
 
     # ---- the step's computation ---------------------------------------------------------
-    def _core(self, state, x, y, active, learn):
-        """One step on named state; x/y/active/learn carry the slot axis (size N)."""
+    def _core(self, state, x, y, active, learn, update=True):
+        """One step on named state; x/y/active/learn carry the slot axis (size N). ``update``
+        False: a predict program's step (``predict``), which writes no pair's state back."""
         if not self.per_slot:
             return self.fns.step(state, x, y, active, learn)
         if self.pairs:
-            return self._in_pairs(state, x, y, active, learn)
+            return self._in_pairs(state, x, y, active, learn, update)
         return self.each_model(state, x, y, active, learn)
 
     def each_model(self, s, x, y, a, l):
@@ -289,7 +338,7 @@ class Programs:
         out, loss, applied = (jnp.zeros(v.shape, v.dtype) for v in like)
         return ({**s, "stats": {**s["stats"], "counters": counters}}, out, loss + jnp.nan, applied)
 
-    def _in_pairs(self, state, x, y, active, learn):
+    def _in_pairs(self, state, x, y, active, learn, update=True):
         """Per-slot models, two slots at a time in a loop (pairs without an active slot skip
         their step). Every program -- one step, a micro-batch, a subset of any size -- then
         runs the same two-slot computation: XLA compiles a step for the number of slots it
@@ -302,7 +351,7 @@ class Programs:
         if n % c:     # an odd subset (step_slots): one more slot, idle, its results dropped
             grow = lambda v, fill=None: jnp.concatenate([v, v[-1:] if fill is None else jnp.full_like(v[-1:], fill)])
             state, out, loss, applied = self._in_pairs(jax.tree_util.tree_map(grow, state), grow(x), grow(y),
-                                                       grow(active, False), grow(learn, False))
+                                                       grow(active, False), grow(learn, False), update)
             return jax.tree_util.tree_map(lambda v: v[:n], state), out[:n], loss[:n], applied[:n]
         part = lambda tree, j: jax.tree_util.tree_map(lambda v: jax.lax.dynamic_slice_in_dim(v, j * c, c, 0), tree)
         ring = PairRing(state, c)
@@ -315,7 +364,8 @@ class Programs:
             s, *got = jax.lax.cond(jnp.any(args[3]), lambda a: self.each_model(*a),
                                    lambda a: self._idle_pair(a[0], like), args)
             put = lambda v, u: jax.lax.dynamic_update_slice_in_dim(v, u, j * c, 0)
-            return ring.put(state, s, j, args[0], put), tuple(put(o, g) for o, g in zip(outs, got))
+            state = ring.put(state, s, j, args[0], put) if update else state
+            return state, tuple(put(o, g) for o, g in zip(outs, got))
         pairs = jax.lax.optimization_barrier(jnp.int32(n // c))
         state, (out, loss, applied) = jax.lax.fori_loop(0, pairs, body, (state, outs))
         return state, out, loss, applied
@@ -335,27 +385,31 @@ class Programs:
             return layout.pack(state), vec
         return fn
 
-    def _steps(self, state, k, x, y, active, learn):
+    def _steps(self, state, k, x, y, active, learn, update=True):
+        """``update`` False: the prediction and loss only, the state returned as it came
+        (``predict``): XLA then drops the gradient, the traces' and the optimizer's work."""
         squeeze = self.slots is None
 
         def single(state, x, y, active, learn):
             if squeeze:
                 x, y = x[None], y[None]
-            state, out, loss, applied = self._core(state, x, y, active, learn)
-            return state, self.pack_out(out[0] if squeeze else out, loss, applied)
+            new, out, loss, applied = self._core(state, x, y, active, learn, update)
+            if not update:
+                new, applied = state, jnp.zeros_like(applied)
+            return new, self.pack_out(out[0] if squeeze else out, loss, applied)
         if k is None:
             return single(state, x, y, active, learn)
         state, vecs = jax.lax.scan(lambda s, xs: single(s, *xs), state, (x, y, active, learn))
         return state, jnp.ravel(vecs)
 
-    def _loop_steps(self, state, count, xs, ys, active, learn):
+    def _loop_steps(self, state, count, xs, ys, active, learn, update=True):
         """The first ``count`` of the K steps in xs (K, slots, ...): (state, (K, vector))."""
         one = jax.eval_shape(lambda s: self._steps(s, None, xs[0], ys[0], active[0], learn[0])[1], state)
         vecs = jnp.zeros((xs.shape[0],) + one.shape, one.dtype)
 
         def body(i, carry):
             state, vecs = carry
-            state, vec = self._steps(state, None, xs[i], ys[i], active[i], learn[i])
+            state, vec = self._steps(state, None, xs[i], ys[i], active[i], learn[i], update)
             return state, vecs.at[i].set(vec)
         return jax.lax.fori_loop(0, count, body, (state, vecs))
 

@@ -50,6 +50,7 @@ class StepConfig:
     horizon: int = 1                # forecast: predictions of the next `horizon` values
     window: int = 1000              # rolling metrics time constant (steps)
     label_delay: int = 0            # supervised: targets may come up to this many steps late (labels.py)
+    before_update: bool = False     # forecast: predict with the weights from before this step's update
 
 
 def _lead(ok, a):
@@ -409,6 +410,7 @@ class StepFunctions:
         pred_m = self.readout.predict(state["readout"], pend["r"]).reshape(t_model.shape)
         losses = jax.vmap(self.loss_fn)(pred_m, t_model)
         learning = has_prev & learn & T.ready(sig) & jnp.isfinite(losses)
+        before = state
         state = self._learn_readout(state, pend["r"], t_model, learning)
         state = self._observe(state, x, None, x_ok)
         sig = self._signal(state)
@@ -416,8 +418,8 @@ class StepFunctions:
         z = T.encode(sig, x)
         out, h = self._vplain(params, state["hidden"], z)
         keep = x_ok & jnp.isfinite(_slot_sum(h))
-        pred_m, r = self._head(state, out, z)
-        preds = self._rollout(state, h, x, T.decode(sig, x, pred_m))
+        pred_m, r = self._head(self._predicting(state, before), out, z)
+        preds = self._rollout(self._predicting(state, before), h, x, T.decode(sig, x, pred_m))
         state, preds = self._combined(state, y_now, has_prev, x_ok, preds, keep)
         losses = self._reported(losses, pend["pred"], y_now)
         state = self._finish(state, active & ~keep, learning, losses, pend["pred"], y_now, has_prev)
@@ -453,13 +455,14 @@ class StepFunctions:
         (h1, tr1, r, losses), grads = self._run(total, state)
         advance = has_prev & _carried_finite(h1, tr1)
         learning = learning & advance & jnp.isfinite(losses)
+        before = state
         state = self._learn_readout(state, r, t_model, learning)
         state, applied = self._apply(state, grads, jnp.any(learning))
         # the state at t-1 (replayed), or the held one where there was nothing to replay
         h_cur = _slot_where(advance, h1, state["hidden"])
         keep = x_ok & (advance | ~has_prev)
         state = self._observe(state, x, None, keep)
-        preds = self._rollout(state, h_cur, x)
+        preds = self._rollout(self._predicting(state, before), h_cur, x)
         state, preds = self._combined(state, y_now, advance, keep, preds, keep)
         losses = self._reported(losses, pend["pred"], y_now)
         state = self._finish(state, active & ~keep, learning, losses, pend["pred"], y_now, advance)
@@ -470,6 +473,14 @@ class StepFunctions:
                              "pred": jnp.where(_lead(keep, preds[0]), preds[0], pend["pred"])}}
         pred = preds[0] if self.cfg.horizon == 1 else jnp.stack(preds, axis=1)
         return state, pred, jnp.where(learning, losses, jnp.nan), applied
+
+    def _predicting(self, state, before):
+        """The state a forecast is made from: ``state``, or (``before_update``) ``state`` with
+        the weights of ``before``, the state before this step's update (model and readout):
+        the prediction then needs none of the update's work and may leave before it runs."""
+        if not self.cfg.before_update:
+            return state
+        return {**state, **{k: before[k] for k in ("params", "readout") if k in before}}
 
     def _reported(self, losses, pred, target):
         """The per-slot loss a step reports (replies, stats): of the prediction the user got, in
