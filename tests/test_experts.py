@@ -101,8 +101,9 @@ def _forecaster(combine, slots=None):
     on = {"experts": False} if combine is None else \
         {"experts": True, "period": d["period"] or 0, "max_period": d["max_period"] or 0, "eta": combine.eta,
          "window": combine.window}
+    # the learned GRU beside the reservoir left out: the mixture is what is tested here
     cfg = load_config(None, {"model": {"n_in": 2, "n_out": 2, "n_hidden": 12, "seed": 3},
-                             "signal": {"normalise_warmup": 20}, "combine": on})
+                             "signal": {"normalise_warmup": 20}, "combine": on, "learned": {"stack": ""}})
     assert cfg.model.stack == "reservoir" and cfg.model.precision == 64    # the default learner
     # one model per stream, as the engine runs it (the default's learned GRU would be shared)
     return build_learner(cfg, slots=slots, shared_weights=cfg.engine.shared_weights)
