@@ -68,7 +68,7 @@ class NatsTarget:
     creds: object = None
 
     def __str__(self):
-        from streamtrace.cluster.link import redact
+        from streamtrace.cluster.log import redact
         return f"cluster {redact(self.url)}"
 
 
@@ -100,7 +100,7 @@ def open_link(target, ctx=None):
     NATS (streamtrace[cluster], imported only then). The NATS one connects at once and raises
     ``ConnectionError`` saying why when it cannot."""
     if isinstance(target, NatsTarget):
-        from streamtrace.cluster.link import ClusterLink
+        from .cluster_link import ClusterLink
         return ClusterLink(target.url, creds=target.creds)
     from .link import EngineLink
     return EngineLink(target, ctx=ctx)

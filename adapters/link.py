@@ -42,7 +42,7 @@ class Answer:
 
 class EngineLink:
     """The numbering and the answers' bookkeeping; the transport (a ZeroMQ DEALER here) is in
-    ``_transmit``, ``_wait`` and ``_drain``, which :class:`~streamtrace.cluster.link.ClusterLink`
+    ``_transmit``, ``_wait`` and ``_drain``, which :class:`~streamtrace.adapters.cluster_link.ClusterLink`
     replaces with NATS. ``sock`` is what a ``zmq.Poller`` waits on for answers."""
 
     def __init__(self, endpoint: str = "tcp://127.0.0.1:5555", *, ctx: zmq.Context | None = None,

@@ -15,7 +15,7 @@ import ssl
 from dataclasses import dataclass
 
 __all__ = ["LOG_STREAM", "LEASES", "WORKERS", "CHECKPOINTS", "META", "in_subject", "out_subject", "err_subject",
-           "partition_filter", "check_stream_id", "ensure_log", "read_partitions", "Credentials", "connect"]
+           "partition_filter", "check_stream_id", "ensure_log", "read_partitions", "Credentials", "connect", "redact"]
 
 LOG_STREAM = "ST_IN"
 LEASES = "st_lease"
@@ -125,3 +125,11 @@ async def connect(url: str, creds: Credentials | None = None, *, name: str = "st
         raise ConnectionError(f"cannot connect to NATS at {url}: {why}") from None
     nc.options["max_reconnect_attempts"] = -1     # connected once: from now on wait out broker restarts
     return nc
+
+
+def redact(url: str) -> str:
+    """``url`` without a token or password in it (for logs and summaries)."""
+    scheme, sep, rest = url.partition("://")
+    if sep and "@" in rest:
+        return f"{scheme}://***@{rest.split('@', 1)[1]}"
+    return url

@@ -207,15 +207,20 @@ class Programs:
 
     def _predict_subset(self):
         """``_fn_subset`` without its write-back: the m gathered slots' predictions."""
-        layout = self.layout
-        rows = SlotRows(layout, self._slot_names(), self.n)
+        rows = SlotRows(self.layout, self._slot_names(), self.n)
 
         def fn(buffers, idx, count, xs, ys, active, learn):
-            got = rows.gather(buffers, idx)
-            full = layout.treedef.flatten_up_to(layout.unpack(buffers))
-            state = jax.tree_util.tree_unflatten(layout.treedef, [got.get(k, v) for k, v in zip(layout.names, full)])
+            state = self._gathered(rows, buffers, idx)
             return self._loop_steps(state, count, xs, ys, active, learn, update=False)[1]
         return fn
+
+    def _gathered(self, rows, buffers, idx):
+        """The named state with the slots ``idx`` gathered (one gather per packed buffer), the
+        shared leaves as they are."""
+        layout = self.layout
+        got = rows.gather(buffers, idx)
+        full = layout.treedef.flatten_up_to(layout.unpack(buffers))
+        return jax.tree_util.tree_unflatten(layout.treedef, [got.get(k, v) for k, v in zip(layout.names, full)])
 
     def example_inputs(self, k, n=None):
         """Zero (x, y, active) of a call of k steps (None: one step) over n slots (all)."""
@@ -435,9 +440,7 @@ class Programs:
         rows = SlotRows(layout, self._slot_names(), n)
 
         def fn(buffers, idx, count, xs, ys, active, learn):
-            got = rows.gather(buffers, idx)
-            full = layout.treedef.flatten_up_to(layout.unpack(buffers))
-            state = jax.tree_util.tree_unflatten(layout.treedef, [got.get(k, v) for k, v in zip(layout.names, full)])
+            state = self._gathered(rows, buffers, idx)
             # a loop of run-time length: its carry is a buffer of its own, so the step reads
             # the m gathered slots from there (a fused gather out of the N-slot buffers would
             # make XLA copy those whole before writing back into them)

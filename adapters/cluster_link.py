@@ -20,25 +20,18 @@ import collections
 import os
 import select
 
-from ..adapters.link import EngineLink
-from . import log as L
-from .client import ClusterClient
+from streamtrace.cluster import log as L
+from streamtrace.cluster.client import ClusterClient
 
-__all__ = ["ClusterLink", "redact"]
+from .link import EngineLink
 
-
-def redact(url: str) -> str:
-    """``url`` without a token or password in it (for logs and summaries)."""
-    scheme, sep, rest = url.partition("://")
-    if sep and "@" in rest:
-        return f"{scheme}://***@{rest.split('@', 1)[1]}"
-    return url
+__all__ = ["ClusterLink"]
 
 
 class ClusterLink(EngineLink):
     def __init__(self, url: str, *, creds: L.Credentials | None = None, max_in_flight: int = 4096,
                  timeout_s: float = 10.0):
-        self._numbering(redact(url), max_in_flight)
+        self._numbering(L.redact(url), max_in_flight)
         self._answers: collections.deque = collections.deque()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
