@@ -73,6 +73,10 @@ class Programs:
         self.avals = tuple(jax.ShapeDtypeStruct(b.shape, b.dtype) for b in L.buffers)
         self._compiled = {}
         self._compile_lock = threading.Lock()   # one thread traces and compiles at a time
+        # the step traced once for all programs: jit caches its trace per argument shapes, so
+        # every program (and the shape probes before their loops) reuses it (cold start)
+        self._step = jax.jit(self.fns.step)
+        self._pair = jax.jit(self._each_model)
         self._slot_shapes = None
 
     # ---- the cache ----------------------------------------------------------------------
@@ -324,13 +328,16 @@ class Programs:
         """One step on named state; x/y/active/learn carry the slot axis (size N). ``update``
         False: a predict program's step (``predict``), which writes no pair's state back."""
         if not self.per_slot:
-            return self.fns.step(state, x, y, active, learn)
+            return self._step(state, x, y, active, learn)
         if self.pairs:
             return self._in_pairs(state, x, y, active, learn, update)
         return self.each_model(state, x, y, active, learn)
 
     def each_model(self, s, x, y, a, l):
         """The given slots' steps, a model each, vmapped over them (a pair in ``_in_pairs``)."""
+        return self._pair(s, x, y, a, l)
+
+    def _each_model(self, s, x, y, a, l):
         def one(s, x, y, a, l):
             s, out, loss, applied = self.fns.step(s, x[None], y[None], a[None], l[None])
             return s, out[0], loss[0], applied
