@@ -21,6 +21,7 @@ from ..learner.checkpoint import CheckpointError
 from .config import ConfigError, EngineConfig
 from .compile_cache import disable as disable_compile_cache, enable as enable_compile_cache, resolve
 from .core import EngineCore
+from .executables import ExecutableStore
 from .memory import release_after_warmup
 from .preflight import check_environment, check_security
 from .receive import recv_message
@@ -63,6 +64,8 @@ class Engine:
             jax.config.update("jax_cpu_enable_async_dispatch", False)
         self.cache_dir = open_compile_cache(cfg.engine.compile_cache_dir)
         self.core = EngineCore(cfg)
+        # a restart loads its step programs whole, without tracing them (executables.py)
+        self.core.learner.programs.store = ExecutableStore.for_config(self.cache_dir, cfg)
         self.resumed = self.core.resume()   # before compiling: a foreign checkpoint refuses fast
         # listen as soon as the first answer can be given; the rest compiles after it (run)
         self.core.warmup_first()

@@ -72,6 +72,9 @@ class Programs:
         # by a step on the serving thread while another thread compiles (the engine's warm-up)
         self.avals = tuple(jax.ShapeDtypeStruct(b.shape, b.dtype) for b in L.buffers)
         self._compiled = {}
+        # where compiled step programs may be loaded from and kept (load(name) / save(name,
+        # compiled)): the engine's executable store (engine/executables.py), else None
+        self.store = None
         self._compile_lock = threading.Lock()   # one thread traces and compiles at a time
         # the step traced once for all programs: jit caches its trace per argument shapes, so
         # every program (and the shape probes before their loops) reuses it (cold start)
@@ -104,7 +107,7 @@ class Programs:
         def build():
             x, y, a = self.example_inputs(k)
             return self.packed(self._fn(k), (x, y, a, a), self.options(self.n, loop=k is not None),
-                               donate="alone" if self.donate else None)
+                               donate="alone" if self.donate else None, name=("step", k))
         return self._program(k, build)
 
     def subset(self, m: int, k: int = 1):
@@ -117,7 +120,7 @@ class Programs:
         def build():
             x, y, a = self.example_inputs(k, m)
             return self.packed(self._fn_subset(), (np.zeros(m, np.int32), np.int32(1), x, y, a, a),
-                               self.options(m, loop=True), donate="all")
+                               self.options(m, loop=True), donate="all", name=("subset", m, k))
         return self._program(("subset", m, k), build)
 
     def loop(self, k: int):
@@ -129,7 +132,7 @@ class Programs:
         def build():
             x, y, a = self.example_inputs(k)
             return self.packed(self._fn_loop(), (np.int32(1), x, y, a, a), self.options(self.n, loop=True),
-                               donate="alone" if self.donate else None)
+                               donate="alone" if self.donate else None, name=("loop", k))
         return self._program(("loop", k), build)
 
     def reset(self):
@@ -199,7 +202,8 @@ class Programs:
             inputs = twin.inputs
             run = jax.jit(lambda buffers, io: fn(buffers, *inputs.unpack(io)))
             options = self.options(m, loop=key is not None)     # the twin's: the same scheduler
-            return _Call(run.lower(self.avals, inputs.buffer).compile(options), inputs, None)
+            return _Call(self._compile(("predict", key), lambda: run.lower(self.avals, inputs.buffer), options),
+                         inputs, None)
         return self._program(("predict", key), build)
 
     def _twin(self, key):
@@ -464,16 +468,33 @@ class Programs:
         """The XLA options of a step program over ``slots`` slots (learner/xla_options.py)."""
         return step_compiler_options(slots, leaf_guards=self.fns.opt is not None and not self.fns.in_place, loop=loop)
 
-    def packed(self, fn, args, options, donate: str | None):
+    def _compile(self, name, lower, options):
+        """``lower()`` compiled with ``options``, or the program stored as ``name`` (then
+        nothing is traced); a program compiled here is stored."""
+        if self.store is not None:
+            got = self.store.load(name)
+            if got is not None:
+                return got
+        compiled = lower().compile(options)
+        if self.store is not None:
+            self.store.save(name, compiled)
+        return compiled
+
+    def packed(self, fn, args, options, donate: str | None, name=None):
         """``fn(buffers, *args)`` compiled as a ``_Call`` whose args cross as one packed buffer.
         ``donate``: None, "all" buffers, or "alone": the standalone buffers (weights, moments,
         traces, an RLS matrix) but not the few packed small ones. XLA reads and rewrites those in
         one program, so donated it copies them first, and the copy reorders a small step
-        (measured: docs/decisions/step-details.md)."""
+        (measured: docs/decisions/step-details.md). ``name``: the program's name in the store."""
         inputs = PackedInputs(args)
         if donate == "alone":
             n = len(self.layout.dtypes)
             run = jax.jit(lambda small, alone, io: fn(small + alone, *inputs.unpack(io)), donate_argnums=(1,))
-            return _Call(run.lower(self.avals[:n], self.avals[n:], inputs.buffer).compile(options), inputs, n)
-        run = jax.jit(lambda buffers, io: fn(buffers, *inputs.unpack(io)), donate_argnums=(0,) if donate == "all" else ())
-        return _Call(run.lower(self.avals, inputs.buffer).compile(options), inputs, None)
+            lower = lambda: run.lower(self.avals[:n], self.avals[n:], inputs.buffer)
+        else:
+            n = None
+            run = jax.jit(lambda buffers, io: fn(buffers, *inputs.unpack(io)),
+                          donate_argnums=(0,) if donate == "all" else ())
+            lower = lambda: run.lower(self.avals, inputs.buffer)
+        name = None if name is None else (name, donate)
+        return _Call(self._compile(name, lower, options) if name else lower().compile(options), inputs, n)

@@ -1,0 +1,155 @@
+"""Compiled step programs kept on disk, so that a restarted engine skips tracing them.
+
+jax's persistent compilation cache (compile_cache.py) skips XLA, but it is keyed by the
+lowered program, so a restart still traces the learner's step and lowers it before it can
+look: about half a second for GRU-256 (docs/benchmarks.md, cold start). Here a program is
+stored as the serialized executable itself, keyed by what determines it before any tracing:
+the config's learner sections, the program's name (``("loop", 8)``, ...), this package's
+source, the library versions and the machine. A model from ``model.factory`` (user code this
+key cannot see) is never stored. Like jax's cache, the folder is trusted code: loading an
+executable runs it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import os
+import pickle
+import platform
+from importlib import metadata
+from pathlib import Path
+
+from .config import EngineConfig
+
+__all__ = ["ExecutableStore", "fingerprint"]
+
+log = logging.getLogger("streamtrace.engine")
+
+KEEP = 200     # the newest stored programs kept in a folder; older ones are removed on save
+# every section that is compiled into a program (constants, shapes, which code runs); the
+# others (sockets, publish, checkpoint, security, bridge) never reach the learner
+_SECTIONS = ("model", "reservoir", "signal", "readout", "learning", "learned", "combine", "metrics", "engine")
+_PACKAGES = ("jax", "jaxlib", "brainstate", "brainunit", "saiunit", "optax", "numpy")
+
+
+def _source_digest() -> str:
+    """This package's Python source, hashed once per process."""
+    global _SOURCE
+    if _SOURCE is None:
+        root = Path(__file__).resolve().parents[1]
+        h = hashlib.sha256()
+        for f in sorted(root.rglob("*.py")):
+            h.update(str(f.relative_to(root)).encode())
+            h.update(f.read_bytes())
+        _SOURCE = h.hexdigest()
+    return _SOURCE
+
+
+_SOURCE = None
+
+
+def _machine() -> str:
+    """What an executable was compiled for: XLA targets the host CPU's instruction set."""
+    import jax
+    dev = jax.devices()[0]
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        pass
+    return f"{platform.machine()}|{dev.platform}|{dev.device_kind}|{dev.client.platform_version}|{flags}"
+
+
+def _versions() -> str:
+    out = []
+    for p in _PACKAGES:
+        try:
+            out.append(f"{p}={metadata.version(p)}")
+        except metadata.PackageNotFoundError:
+            out.append(f"{p}=-")
+    return ",".join(out)
+
+
+def fingerprint(cfg: EngineConfig) -> str | None:
+    """What the programs of ``cfg``'s learner depend on, hashed; None when something they
+    depend on cannot be seen from here (a user's model factory)."""
+    if cfg.model.factory:
+        return None
+    import jax
+    parts = [repr(dataclasses.asdict(getattr(cfg, s))) for s in _SECTIONS]
+    parts += [_source_digest(), _versions(), _machine(), repr(jax.config.jax_enable_x64),
+              repr(jax.config.jax_default_matmul_precision)]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+class ExecutableStore:
+    """Serialized executables of one learner in ``folder``, under ``fingerprint`` + a program
+    name. ``load`` and ``save`` never raise for the store's own trouble (a file that cannot be
+    read or written costs a compile, not service)."""
+
+    def __init__(self, folder: str | os.PathLike, fingerprint: str):
+        self.folder, self.fingerprint = Path(folder), fingerprint
+        self.loaded = self.saved = 0
+
+    @classmethod
+    def for_config(cls, folder, cfg: EngineConfig) -> ExecutableStore | None:
+        fp = fingerprint(cfg)
+        return None if folder is None or fp is None else cls(Path(folder) / "executables", fp)
+
+    def _path(self, name) -> Path:
+        key = hashlib.sha256(f"{self.fingerprint}|{name!r}".encode()).hexdigest()
+        return self.folder / f"{key}.xla"
+
+    def load(self, name):
+        """The program stored as ``name``, or None."""
+        path = self._path(name)
+        try:
+            blob = path.read_bytes()
+        except OSError:
+            return None
+        try:
+            from jax.experimental.serialize_executable import deserialize_and_load
+            payload, in_tree, out_tree = pickle.loads(blob)
+            compiled = deserialize_and_load(payload, in_tree, out_tree)
+        except Exception as e:  # noqa: BLE001 - a damaged or foreign entry: compile instead
+            log.warning("compiled program %s could not be loaded (%s: %s); compiling it", path.name,
+                        type(e).__name__, e)
+            path.unlink(missing_ok=True)
+            return None
+        self.loaded += 1
+        try:
+            os.utime(path)      # recently used: kept by _prune
+        except OSError:
+            pass
+        return compiled
+
+    def save(self, name, compiled):
+        """Store ``compiled`` as ``name`` (written whole or not at all)."""
+        try:
+            from jax.experimental.serialize_executable import serialize
+            blob = pickle.dumps(serialize(compiled))
+        except Exception as e:  # noqa: BLE001 - a program jax cannot serialize stays uncached
+            log.debug("compiled program %r not stored: %s", name, e)
+            return
+        path = self._path(name)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            tmp.write_bytes(blob)
+            os.replace(tmp, path)
+        except OSError as e:
+            log.warning("compiled program not stored in %s: %s", self.folder, e)
+            tmp.unlink(missing_ok=True)
+            return
+        self.saved += 1
+        self._prune()
+
+    def _prune(self):
+        try:
+            files = sorted(self.folder.glob("*.xla"), key=lambda p: p.stat().st_mtime)
+            for old in files[:-KEEP]:
+                old.unlink(missing_ok=True)
+        except OSError:
+            pass
