@@ -147,10 +147,25 @@ def test_sigkill_mid_stream_resumes_from_the_last_checkpoint_and_keeps_learning(
 
 
 # ---- 4. a kill during a checkpoint write never leaves a corrupt checkpoint -----------------------
-def _kill_inside_a_write(proc, folder: Path, not_before: float, deadline: float, done: threading.Event,
-                         old: set):
-    """From `not_before` on, SIGKILL the engine the moment a checkpoint is being written (a new
-    temporary file exists, not one of the `old` leftovers), or at `deadline` at the latest."""
+def _complete(folder: Path) -> set:
+    """The names of the finished checkpoints in `folder`."""
+    try:
+        return {n for n in os.listdir(folder) if CheckpointDir.PATTERN.match(n)}
+    except FileNotFoundError:
+        return set()
+
+
+def _kill_inside_a_write(proc, folder: Path, delay: float, window: float, done: threading.Event,
+                         old: set, saved: set):
+    """Once a checkpoint not in `saved` is complete (the round made progress, however loaded
+    the machine) and `delay` s later, SIGKILL the engine the moment a checkpoint is being written
+    (a new temporary file exists, not one of the `old` leftovers), or `window` s later at the
+    latest (0: at once, a random time)."""
+    give_up = time.monotonic() + 60.0
+    while time.monotonic() < give_up and not (_complete(folder) - saved):
+        time.sleep(0.005)
+    not_before = time.monotonic() + delay
+    deadline = not_before + window
     while time.monotonic() < not_before:
         time.sleep(0.005)
     while time.monotonic() < deadline:      # deadline == not_before: a kill at a random time
@@ -196,14 +211,16 @@ def test_sigkill_at_random_times_with_frequent_checkpoints_never_leaves_a_corrup
                     try:
                         r = c.recv()
                     except TimeoutError:
-                        break
+                        if killed.is_set():
+                            break
+                        continue                  # slow, not killed (a loaded machine): wait on
                     outstanding -= 1
                     assert r["type"] == "prediction"
                     if killer is None:
-                        start = time.monotonic() + rng.uniform(0.2, 0.8)
-                        deadline = start + 2.0 if round_ % 2 == 0 else start
+                        window = 2.0 if round_ % 2 == 0 else 0.0
                         killer = threading.Thread(target=_kill_inside_a_write,
-                                                  args=(proc, ckpt, start, deadline, killed, tmp))
+                                                  args=(proc, ckpt, rng.uniform(0.2, 0.8), window, killed, tmp,
+                                                        _complete(ckpt)))
                         killer.start()
                         c.timeout_ms = 500        # from now on a silence is the kill
                 seq = c.seq
