@@ -54,9 +54,11 @@ class Worker:
         self.stop_event: asyncio.Event | None = None
 
     def _build(self):
+        from ..engine.executables import ExecutableStore
         from ..engine.server import open_compile_cache
-        open_compile_cache(self.cfg.engine.compile_cache_dir)    # as `serve`: a restart loads, not compiles
+        folder = open_compile_cache(self.cfg.engine.compile_cache_dir)    # as `serve`: a restart loads, not compiles
         self.stepper = Stepper(self.cfg)
+        self.stepper.core.learner.programs.store = ExecutableStore.for_config(folder, self.stepper.core.cfg)
         self.stepper.warmup()     # compiled before joining: a first message must not outlast the lease
         self.metrics = self.stepper.core.metrics
         for name in COUNTERS:
