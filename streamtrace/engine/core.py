@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import wire
+from ..learner.bank import SlotBank
 from ..learner.checkpoint import CheckpointDir
 from ..learner.labels import LabelError
 from ..learner.programs import PAIR
@@ -49,7 +50,11 @@ class EngineCore:
     def __init__(self, cfg: EngineConfig, clock=time.monotonic):
         self.cfg, self.clock = cfg, clock
         ec = cfg.engine
-        self.learner = build_learner(cfg, slots=ec.slots, shared_weights=ec.shared_weights)
+        # a model per stream: a bank of one-slot states, all stepped by one program (each
+        # stream's bits its own, a lone stream at a one-slot step's cost: learner/bank.py)
+        self.banked = not ec.shared_weights
+        self.learner = SlotBank(lambda n: build_learner(cfg, slots=n, shared_weights=False), ec.slots) \
+            if self.banked else build_learner(cfg, slots=ec.slots, shared_weights=True)
         self.x_shape = self.learner.x_shape
         self.y_shape = self.learner.out_shape
         if self.x_shape != (cfg.model.n_in,):
@@ -81,9 +86,7 @@ class EngineCore:
         # No m = 1: XLA drops a size-1 slot axis and its kernels round differently; from 2 on a
         # stream's answers are the same bits however its calls were batched (jax 0.10; 0.12:
         # within float32 rounding). A lone stream goes with an idle slot beside it.
-        self.subsets = subset_sizes(self.learner.n) if self.learner.slots else []
-        if self.learner.per_slot and not self.learner.pairs:    # an odd slot count: no pairs, so
-            self.subsets = []                                   # one program, for determinism
+        self.subsets = subset_sizes(self.learner.n) if self.learner.slots and not self.banked else []
         self.ready_subsets = list(self.subsets)
         # Determinism (docs/decisions/determinism.md): every program that may serve a slot
         # must round alike. With subset programs (loops), a call over all slots is a loop too
@@ -135,8 +138,9 @@ class EngineCore:
             L.programs.label()
             yield
         if L.slots is not None:
-            L.programs.reset()
-            yield
+            if not self.banked:      # a bank resets a slot with a copy of its first state
+                L.programs.reset()
+                yield
             if self.parking.enabled:
                 L.programs.read_slot()
                 L.programs.write_slot()
@@ -352,6 +356,8 @@ class EngineCore:
         any time; under load the engine ticks without it, one call a step as before."""
         if not self._pending:
             return []
+        if self.banked:
+            return self._tick_bank(send)
         m, idx, count, call, arrays, taken = self._take()
         steps = self.steps + len(taken)
         early = send is not None and self.reply_first and count == 1 and \
@@ -361,6 +367,10 @@ class EngineCore:
             send(self._answers(taken, [self._predicted(m, idx, call, arrays)], steps))
             self.metrics.count("replied_first", len(taken))
         results = self._call(m, idx, count, call, *arrays)
+        return self._after(taken, results, steps, early)
+
+    def _after(self, taken, results, steps, early) -> list:
+        """A call's bookkeeping once its steps ran; its replies unless sent early."""
         self.steps = steps
         self._since_publish += len(taken)
         self._since_ckpt += len(taken)
@@ -372,6 +382,46 @@ class EngineCore:
         if every and self._since_publish >= every:
             out.append(("pub", b"weights", self.weights_message("update")))
         return out
+
+    def _tick_bank(self, send) -> list:
+        """``tick`` of a slot bank: each queued step (up to micro_batch per stream) runs alone
+        on its stream's slot, through the one program every slot uses. One step per busy
+        stream with ``send``: every prediction first (sent), then the steps."""
+        busy = [st for st in self.streams.values() if st.pending]
+        count = min(max(len(st.pending) for st in busy), self.cfg.engine.micro_batch)
+        if self.ckpt and self._since_ckpt + sum(min(len(st.pending), count) for st in busy) > self.cfg.checkpoint.every:
+            self.save_checkpoint()
+        bank, supervised = self.learner, self.cfg.learning.mode == "supervised"
+        x, y, active, learn = bank.views()
+        active[0] = True
+        work, taken = [], []
+        for st in busy:
+            for _ in range(min(len(st.pending), count)):
+                d, origin, t_recv = st.pending.popleft()
+                fit = d["mode"] == "learn" and (not supervised or d["y"] is not None or st.recent is not None)
+                work.append((st.slot, d, fit))
+                taken.append((len(taken), 0, d, origin, t_recv))     # results[j], its slot axis of 1
+        self._pending -= len(taken)
+
+        def fill(d, fit):
+            x[0] = d["x"]
+            y[0] = 0 if d["y"] is None else d["y"]
+            learn[0] = fit
+        steps = self.steps + len(taken)
+        early = send is not None and self.reply_first and count == 1 and bank.programs.is_compiled(("predict", None))
+        self.replied_first = early
+        if early:       # the prediction program: the same bits as the step's (programs.predict)
+            predicted = []
+            for slot, d, fit in work:
+                fill(d, fit)
+                predicted.append(bank.run_predict(slot))
+            send(self._answers(taken, predicted, steps))
+            self.metrics.count("replied_first", len(taken))
+        results = []
+        for slot, d, fit in work:
+            fill(d, fit)
+            results.append(bank.run(slot))
+        return self._after(taken, results, steps, early)
 
     def _take(self):
         """Queued steps into the inputs of one call: (m, idx, count, call, (xs, ys, active,
@@ -439,6 +489,8 @@ class EngineCore:
 
     def _predict_key(self, m):
         """Which prediction program goes with the call over subset m (None: all slots)."""
+        if self.banked:
+            return None
         K = self.cfg.engine.micro_batch
         return ("subset", m, K) if m is not None else ("loop", K) if self.looped else None
 
