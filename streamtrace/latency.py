@@ -93,7 +93,12 @@ def _one(cfg: EngineConfig, slots: int, iters: int, warmup: int, max_seconds: fl
     row = {"algorithm": cfg.learning.algorithm, "slots": slots, "build_s": t1 - t0, "compile_s": t2 - t1,
            "step_us": percentiles(times), "trace_bytes_per_slot": trace_bytes_per_slot(learner)}
     sizes = subset_sizes(slots)
-    if sizes:   # one busy stream of many: the engine's smallest subset call, the others idle
+    if sizes and not cfg.engine.shared_weights:    # one busy stream of many: a model per stream
+        one = build_learner(cfg, slots=1, shared_weights=False)  # steps alone (learner/bank.py)
+        one.programs.step()
+        x1, y1, on1 = x[:1], y[:1], on[:1]
+        row["one_busy_us"] = percentiles(timed(lambda: one.programs.run(x1, y1, on1, on1), iters, warmup, max_seconds))
+    elif sizes:   # shared weights: the engine's smallest subset call, the others idle
         k, m = cfg.engine.micro_batch, sizes[0]
         xs, ys = np.repeat(x[None, :m], k, 0), np.repeat(y[None, :m], k, 0)
         act, idx = np.zeros((k, m), bool), np.arange(m, dtype=np.int32)

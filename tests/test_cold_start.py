@@ -157,7 +157,8 @@ def test_first_answers_wait_for_no_micro_batch_size_and_match_a_plain_learner():
     for _ in core.warmup_later():
         pass
     assert core.ready == [1] and not [k for k in core.learner.programs.keys() if isinstance(k, int)]
-    assert core.learner.programs.is_compiled("reset") and core.learner.programs.is_compiled("read_slot")
+    # (a slot bank resets a slot with a copy of its first state: no reset program)
+    assert core.banked and core.learner.programs.is_compiled("read_slot")
     after = core.learner.state_dict()
     assert all(np.array_equal(before[k], after[k]) for k in before)
 
@@ -170,9 +171,9 @@ def test_engine_compiles_the_other_programs_on_a_thread_while_it_answers(sock_di
     ref = EngineCore(config(micro_batch=4, slots=8))
     ref.warmup()
     try:
-        L = engine.core.learner
-        assert engine.core.looped and engine.core.ready_subsets == [] and L.programs.is_compiled(("loop", 4))
-        assert not L.programs.is_compiled(("subset", 2, 4)) and not L.programs.is_compiled("reset")
+        L = engine.core.learner     # a model per stream: a slot bank, its one step program first
+        assert engine.core.banked and L.programs.keys() == [None]
+        assert not L.programs.is_compiled("read_slot") and not L.programs.is_compiled("write_slot")
         engine.start_warmup()
         xs = np.random.default_rng(4).normal(size=(40, N_IN)).astype(np.float32)
         got, want = [], []
@@ -182,15 +183,15 @@ def test_engine_compiles_the_other_programs_on_a_thread_while_it_answers(sock_di
                 while core.has_pending():
                     out += preds(core.tick())
         assert engine.warm.wait(120)
-        assert engine.core.ready_subsets == [2] and L.programs.is_compiled(("subset", 2, 4))
-        assert L.programs.is_compiled("reset") and L.programs.is_compiled("write_slot")
+        assert L.programs.is_compiled("read_slot") and L.programs.is_compiled("write_slot")
         assert [wire.unpack_array(p).tobytes() for p in got] == [wire.unpack_array(p).tobytes() for p in want]
     finally:
         engine.close()
 
 
 def test_a_program_that_fails_to_compile_leaves_the_engine_serving_with_the_others(sock_dir, monkeypatch):
-    engine = Engine(config(sock_dir, micro_batch=2, slots=8, compile_cache_dir=""))
+    # shared weights: the engine with subset programs (a slot bank has none)
+    engine = Engine(config(sock_dir, micro_batch=2, slots=8, compile_cache_dir="", shared_weights=True))
     try:
         def failing(m, k):
             raise MemoryError("simulated: no memory for the subset program")

@@ -1,8 +1,9 @@
 """Same input, same answers: a stream's predictions, losses and state are bit-identical
-whatever else the engine is doing -- other streams in its calls, bursts served as micro-batches
-of any size, a subset call or a call over all slots, and which programs had been compiled
-when its messages came (the engine serves with what is ready). The oracle is the stream run
-alone: one message per call, nothing else in the engine."""
+whatever else the engine is doing -- other streams in the same ticks, bursts of any size, any
+interleaving. The oracle is the stream run alone: one message per tick, nothing else in the
+engine. (A model per stream is a slot bank, every step through one program: learner/bank.py.
+Before it, the engine chose among subset, loop and one-step programs, and this test also
+switched which of them were compiled.)"""
 import jax
 import numpy as np
 import pytest
@@ -50,17 +51,9 @@ def data(stream, seq, x):
 
 
 def slot_state(core, slot):
-    """A slot's whole state, flattened, without the per-slot count of calls (a statistic that
-    counts the calls a slot sat through idle, not its stream's steps)."""
+    """A slot's whole state, flattened (its counters too: a slot counts its own steps only)."""
     leaves = jax.tree_util.tree_flatten_with_path(core.learner.read_slot(slot))[0]
-    out = {}
-    for path, v in leaves:
-        name = jax.tree_util.keystr(path)
-        v = np.asarray(v)
-        if "counters" in name:
-            v = v[1:]
-        out[name] = v
-    return out
+    return {jax.tree_util.keystr(path): np.asarray(v) for path, v in leaves}
 
 
 def free_all(core):
@@ -121,11 +114,7 @@ def schedules(draw):
     steps = {s: draw(hs.sampled_from(STEPS)) for s in streams}
     events = draw(hs.lists(hs.one_of(hs.tuples(hs.sampled_from(streams), hs.integers(1, 6)), hs.just("tick")),
                            max_size=40))
-    # what was compiled when: the subset programs the engine may use until `switch` events
-    # in, then all (the program over all slots is compiled before the engine listens)
-    subsets = draw(hs.lists(hs.sampled_from([2, 4]), unique=True))
-    switch = draw(hs.integers(0, len(events)))
-    return streams, steps, events, sorted(subsets), switch
+    return streams, steps, events
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -134,32 +123,25 @@ def schedules(draw):
 def test_each_stream_gets_the_same_bits_as_alone_whatever_shares_its_calls(case, plan):
     orc = oracle(case)
     core = orc.core
-    streams, steps, events, ready_subsets, switch = plan
+    streams, steps, events = plan
     orc.run += 1
     names = {s: f"r{orc.run}-{s}" for s in streams}
     sent = {s: 0 for s in streams}
     got = {}
-    all_subsets = list(core.ready_subsets)
-    assert all_subsets == [2, 4] and core.looped
-    core.ready_subsets = ready_subsets       # "not compiled yet"
-    try:
-        for i, ev in enumerate(events):
-            if i == switch:
-                core.ready_subsets = all_subsets
-            if ev == "tick":
-                drain(core, got)
-                continue
-            s, burst = ev
-            for _ in range(min(burst, steps[s] - sent[s])):
-                core.ingest(data(names[s], sent[s], orc.inputs[s][sent[s]]), b"o")
-                sent[s] += 1
-        for s in streams:
-            while sent[s] < steps[s]:
-                core.ingest(data(names[s], sent[s], orc.inputs[s][sent[s]]), b"o")
-                sent[s] += 1
-        drain(core, got)
-    finally:
-        core.ready_subsets = all_subsets
+    assert core.banked
+    for ev in events:
+        if ev == "tick":
+            drain(core, got)
+            continue
+        s, burst = ev
+        for _ in range(min(burst, steps[s] - sent[s])):
+            core.ingest(data(names[s], sent[s], orc.inputs[s][sent[s]]), b"o")
+            sent[s] += 1
+    for s in streams:
+        while sent[s] < steps[s]:
+            core.ingest(data(names[s], sent[s], orc.inputs[s][sent[s]]), b"o")
+            sent[s] += 1
+    drain(core, got)
     states = {s: slot_state(core, core.streams[names[s]].slot) for s in streams}
     free_all(core)
     for s in streams:

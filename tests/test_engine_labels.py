@@ -54,21 +54,27 @@ def same(a, b):
     return a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
 
 
+def streams_state(*learners):
+    """The engine's state (a model per stream, a slot each) that one-slot learners of their
+    own, one per slot in slot order, give: their states stacked."""
+    per = [L.state_dict() for L in learners]
+    return {k: np.concatenate([p[k] for p in per]) for k in per[0]}
+
+
 def test_labels_reach_the_learner_as_its_own_label_calls():
     xs, ys = series(12)
     cfg = config()
     core = EngineCore(cfg)
-    ref = build_learner(cfg, slots=2, shared_weights=cfg.engine.shared_weights)
+    # the oracle: stream a's own one-slot learner (slot 1 stays as built)
+    ref, idle = (build_learner(cfg, slots=1, shared_weights=False) for _ in range(2))
     lags = {0: 0, 1: 3, 2: 1, 3: None, 4: 2, 5: 0, 6: 3, 7: 1, 8: 2, 9: 0}   # None: never labelled
     arrive = {}
     for t, lag in lags.items():
         if lag is not None:
             arrive.setdefault(t + lag, []).append(t)
-    both = np.zeros((2, N_IN), np.float32)
     for s in range(10):
         got = run(core, data("a", s, xs[s]))
-        both[0] = xs[s]
-        want = ref.step(both, active=np.array([True, False]))
+        want = ref.step(xs[s][None])
         assert got[0]["type"] == "prediction" and got[0]["loss"] is None
         np.testing.assert_array_equal(wire.unpack_array(got[0]["pred"]), want.prediction[0])
         for t in arrive.get(s, []):
@@ -76,7 +82,7 @@ def test_labels_reach_the_learner_as_its_own_label_calls():
             assert ack[0]["type"] == "label_ack" and ack[0]["seq"] == t and ack[0]["applied"], ack
             r = ref.label(ys[t], age=s - t, slot=0)
             assert ack[0]["loss"] == r.loss
-    assert same(state_of(core), ref.state_dict())
+    assert same(state_of(core), streams_state(ref, idle))
     assert core.metrics.counters["labels"] == sum(len(v) for s, v in arrive.items() if s < 10)
     c = core.metrics.counters
     assert c["received"] == c["answered"] + c["errors"]
@@ -86,8 +92,7 @@ def test_a_y_with_its_x_is_applied_at_once_and_labels_wait_for_queued_steps():
     xs, ys = series(6, seed=1)
     cfg = config()
     core = EngineCore(cfg)
-    ref = build_learner(cfg, slots=2, shared_weights=cfg.engine.shared_weights)
-    both = np.zeros((2, N_IN), np.float32)
+    ref, idle = (build_learner(cfg, slots=1, shared_weights=False) for _ in range(2))
     # a y with its x: stepped and learned from at once
     assert [r["type"] for r in replies(core.ingest(data("a", 0, xs[0], ys[0]), b"o"))] == ["prediction"]
     for s in (1, 2):         # queued, not stepped: the label runs them first, in order
@@ -95,12 +100,11 @@ def test_a_y_with_its_x_is_applied_at_once_and_labels_wait_for_queued_steps():
     out = replies(core.ingest(label("a", 1, ys[1]), b"o"))
     assert [r["type"] for r in out] == ["prediction"] * 2 + ["label_ack"]
     for s in range(3):
-        both[0] = xs[s]
-        ref.step(both, active=np.array([True, False]))
+        ref.step(xs[s][None])
         if s == 0:
             ref.label(ys[0], age=0, slot=0)
     ref.label(ys[1], age=1, slot=0)
-    assert same(state_of(core), ref.state_dict())
+    assert same(state_of(core), streams_state(ref, idle))
 
 
 def test_bad_labels_get_their_code_and_change_nothing():

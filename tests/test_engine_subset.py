@@ -1,6 +1,7 @@
-"""The engine steps only the busy streams' slots when few are busy (a subset call), all slots
-when many are: whatever the mix, each stream's answers equal a learner of its own fed that
-stream alone (the oracle), and a call with one busy stream of many never steps the rest."""
+"""The engine steps only the busy streams' slots: with a model per stream each busy slot alone
+(a slot bank), and whatever the mix each stream's answers equal a learner of its own fed that
+stream alone (the oracle); with shared weights a subset call when few are busy, all slots when
+many are."""
 import jax
 import numpy as np
 
@@ -22,59 +23,90 @@ def data(stream, seq, x):
     return wire.encode({"type": "data", "stream": stream, "seq": seq, "x": wire.pack_array(x)})
 
 
+class Streams:
+    """Five named streams sending sine-like inputs to ``core``; what each sent and got."""
+
+    def __init__(self, core, names="abcde"):
+        self.core, self.names = core, list(names)
+        self.rng = np.random.default_rng(5)
+        self.sent = {n: [] for n in names}
+        self.got = {n: [] for n in names}
+
+    def send(self, name, count):
+        for _ in range(count):
+            k = len(self.sent[name])
+            x = (np.sin(0.4 * k + self.names.index(name)) + 0.1 * self.rng.normal(size=N_IN)).astype(np.float32)
+            assert self.core.ingest(data(name, k, x), name.encode()) == []
+            self.sent[name].append(x)
+
+    def drain(self):
+        while self.core.has_pending():
+            for kind, origin, raw in self.core.tick():
+                msg = wire.decode(raw)
+                assert msg["type"] == "prediction", msg
+                assert origin.decode() == msg["stream"] and msg["seq"] == len(self.got[msg["stream"]])
+                self.got[msg["stream"]].append(wire.unpack_array(msg["pred"]))
+
+
+BURSTS = [{"a": 1}, {"a": 1}, {"a": 3, "b": 2}, {"b": 1}, {"a": 1, "b": 1, "c": 1}, {"d": 6},
+          {"a": 2, "b": 1, "c": 2, "d": 1, "e": 1}, {"c": 2, "a": 1}, {"e": 2, "b": 1, "d": 1, "a": 1},
+          {"e": 2, "d": 1}]
+
+
 def test_few_busy_streams_step_their_slots_only_and_every_answer_equals_a_learner_of_its_own():
+    """A model per stream (a slot bank): a tick steps each busy stream's slot once per queued
+    step (up to micro_batch) and no other slot."""
     cfg = config()
     core = EngineCore(cfg)
     core.warmup()
-    assert core.subsets == [2, 4] and core.ready_subsets == [2, 4]
+    assert core.banked and core.subsets == []
+    calls = []
+    run = core.learner.run
+    core.learner.run = lambda slot: calls.append(slot) or run(slot)
+    io = Streams(core)
+    for burst in BURSTS:
+        calls.clear()
+        for name, count in burst.items():
+            io.send(name, count)
+        io.drain()
+        want = sorted(core.streams[n].slot for n, c in burst.items() for _ in range(c))
+        assert sorted(calls) == want, (burst, calls)
+    # each stream's answers: a fresh single-stream learner (the engine's model config) fed its inputs
+    ref = build_learner(cfg)
+    fresh = ref.state_dict()
+    for name in io.names:
+        ref.load_state_dict(fresh)
+        want = [ref.step(x).prediction for x in io.sent[name]]
+        assert len(io.got[name]) == len(io.sent[name]) > 0
+        np.testing.assert_allclose(np.array(io.got[name]), np.array(want), rtol=2e-5, atol=1e-6, err_msg=name)
+    stats = wire.decode(core.stats_message())
+    assert stats["subset_sizes"] == [] and stats["answered"] == sum(len(v) for v in io.sent.values())
+
+
+def test_with_shared_weights_few_busy_streams_take_a_subset_call_and_many_the_call_over_all():
+    """One model for all streams: a call over the busy slots only (2 or 4 of 16), or over all
+    slots once more than 4 are busy; every message answered in order."""
+    core = EngineCore(config(shared_weights=True))
+    core.warmup()
+    assert core.subsets == [2, 4] and core.ready_subsets == [2, 4] and core.looped
     calls = []
     L = core.learner
     subset, full = L.programs.run_subset, L.programs.run_loop
     L.programs.run_subset = lambda idx, count, *a: calls.append(("subset", len(idx), count)) or subset(idx, count, *a)
     L.programs.run_loop = lambda count, *a: calls.append(("all", a[0].shape)) or full(count, *a)
-
-    rng = np.random.default_rng(5)
-    names = ["a", "b", "c", "d", "e"]
-    sent = {n: [] for n in names}
-    got = {n: [] for n in names}
-
-    def send(name, count):
-        for _ in range(count):
-            x = (np.sin(0.4 * len(sent[name]) + names.index(name)) + 0.1 * rng.normal(size=N_IN)).astype(np.float32)
-            assert core.ingest(data(name, len(sent[name]), x), name.encode()) == []
-            sent[name].append(x)
-
-    def drain():
-        while core.has_pending():
-            for kind, origin, raw in core.tick():
-                msg = wire.decode(raw)
-                assert msg["type"] == "prediction", msg
-                assert origin.decode() == msg["stream"] and msg["seq"] == len(got[msg["stream"]])
-                got[msg["stream"]].append(wire.unpack_array(msg["pred"]))
-
-    plan = [({"a": 1}, ("subset", 2, 1)), ({"a": 1}, ("subset", 2, 1)), ({"a": 3, "b": 2}, ("subset", 2, 3)),
-            ({"b": 1}, ("subset", 2, 1)), ({"a": 1, "b": 1, "c": 1}, ("subset", 4, 1)), ({"d": 6}, ("subset", 2, 4)),
-            ({"a": 2, "b": 1, "c": 2, "d": 1, "e": 1}, "all"), ({"c": 2, "a": 1}, ("subset", 4, 2)),
-            ({"e": 2, "b": 1, "d": 1, "a": 1}, "all"), ({"e": 2, "d": 1}, ("subset", 4, 2))]
-    # (a model per slot steps in pairs of slots, and a subset call takes whole pairs: a, c in
-    # slots 0 and 2 need 4; a, b, d, e in slots 0, 1, 3, 4 need 6, more than any subset)
-    for burst, want in plan:
+    io = Streams(core)
+    plan = [("subset", 2, 1), ("subset", 2, 1), ("subset", 2, 3), ("subset", 2, 1), ("subset", 4, 1),
+            ("subset", 2, 4), "all", ("subset", 2, 2), ("subset", 4, 2), ("subset", 2, 2)]
+    for burst, want in zip(BURSTS, plan):
         calls.clear()
         for name, count in burst.items():
-            send(name, count)
-        drain()
+            io.send(name, count)
+        io.drain()
         first = calls[0][0] if want == "all" else calls[0]
         assert first == want, (burst, calls)
-    # each stream's answers: a fresh single-stream learner (the engine's model config) fed its inputs
-    ref = build_learner(cfg)
-    fresh = ref.state_dict()
-    for name in names:
-        ref.load_state_dict(fresh)
-        want = [ref.step(x).prediction for x in sent[name]]
-        assert len(got[name]) == len(sent[name]) > 0
-        np.testing.assert_allclose(np.array(got[name]), np.array(want), rtol=2e-5, atol=1e-6, err_msg=name)
+    assert all(len(io.got[n]) == len(io.sent[n]) > 0 for n in io.names)
     stats = wire.decode(core.stats_message())
-    assert stats["subset_sizes"] == [2, 4] and stats["answered"] == sum(len(v) for v in sent.values())
+    assert stats["subset_sizes"] == [2, 4] and stats["answered"] == sum(len(v) for v in io.sent.values())
 
 
 def test_a_stream_gets_the_same_bits_however_its_steps_were_batched():

@@ -79,19 +79,16 @@ class EngineCore:
         self._input_cache: dict = {}
         self._pending = 0                # queued messages over all streams (has_pending, per loop turn)
         self._reply = wire.PredictionEncoder()
-        # a call with few busy streams steps only their slots: programs for 2 <= m <= slots / 4
-        # busy slots (powers of two), each taking up to micro_batch steps per slot. Gathering
-        # and writing back makes a slot cost ~1.6x its share of the full step (measured, GRU-64
-        # / 256 D-RTRL), and each program holds ~12 MB of code: larger subsets gain too little.
-        # No m = 1: XLA drops a size-1 slot axis and its kernels round differently; from 2 on a
-        # stream's answers are the same bits however its calls were batched (jax 0.10; 0.12:
-        # within float32 rounding). A lone stream goes with an idle slot beside it.
+        # shared weights: a call with few busy streams steps only their slots: programs for
+        # 2 <= m <= slots / 4 busy slots (powers of two), each taking up to micro_batch steps
+        # per slot. Gathering and writing back makes a slot cost ~1.6x its share of the full
+        # step (measured, GRU-64 / 256 D-RTRL), and each program holds ~12 MB of code: larger
+        # subsets gain too little. (A slot bank steps each busy slot alone: no subsets.)
         self.subsets = subset_sizes(self.learner.n) if self.learner.slots and not self.banked else []
         self.ready_subsets = list(self.subsets)
-        # Determinism (docs/decisions/determinism.md): every program that may serve a slot
-        # must round alike. With subset programs (loops), a call over all slots is a loop too
-        # (up to micro_batch steps, their number given at run time); without them, the
-        # engine has one program, the one-step one, and a burst takes one call per step.
+        # With subset programs (loops), a call over all slots is a loop too (up to micro_batch
+        # steps, their number given at run time: one program for any burst); without them,
+        # one program, the one-step one, and a burst takes one call per step.
         self.looped = bool(self.subsets)
         self.ready = [ec.micro_batch] if self.looped else [1]   # steps one call over all slots takes
         # reply first: where a prediction does not depend on its step's update, a one-step
