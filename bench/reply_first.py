@@ -6,10 +6,11 @@ is taken within a round (against that round's echo or base row) and its median q
 
 Two sensors: back to back (each request as soon as the last reply came, as ``streamtrace bench``
 times it) and paced (a request every ``--period-us``, as a sampling sensor sends; the echo is
-timed the same way). Rows: supervised and forecast, 1 slot and 16 (the default: a lone sensor's call is the two-slot
-subset call), and forecast with ``learning.forecast_before_update``. Then the step back to
-back in this process (no sockets): the update program alone, and the prediction program
-followed by it (what a step costs when its reply goes first).
+timed the same way). Rows: supervised and forecast, 1 slot and 16 (the default: a model per
+stream, each stepped alone by the one-slot program, learner/bank.py), and forecast with
+``learning.forecast_before_update``. Then the step back to back in this process (no sockets):
+the update program alone, and the prediction program followed by it (what a step costs when
+its reply goes first; one program for any slot count).
 
     nice -n 10 .venv/bin/python bench/reply_first.py [--hidden 64] [--steps 2000] [--rounds 3]
         [--period-us 2000] [--write]
@@ -105,20 +106,12 @@ def step_back_to_back(hidden, algorithm, mode, slots, n=3000, reps=5):
                              "learning": {"algorithm": algorithm, "mode": mode,
                                           "forecast_before_update": mode == "forecast"}})
     P = build_learner(cfg, slots=slots, shared_weights=False).programs
-    if slots == 1:
-        key, call = None, P.step().inputs.views
-        update = lambda: P.run(*call)
-        masks = call[2:]
-    else:
-        key = ("subset", 2, 8)
-        call = P.subset(2, 8).inputs.views
-        call[0][:] = (0, 1)
-        update = lambda: P.run_subset(call[0], 1, *call[2:])
-        masks = call[4:]
-    for m in masks:
+    key, call = None, P.step().inputs.views
+    update = lambda: P.run(*call)
+    for m in call[2:]:
         m[...] = False
         m.reshape(-1)[0] = True
-    predict = lambda: P.run_predict(key, *call) if key is None else P.run_predict(key, call[0], np.int32(1), *call[2:])
+    predict = lambda: P.run_predict(key, *call)
     both = lambda: (predict(), update())
     both()
     ns = time.perf_counter_ns
@@ -192,8 +185,8 @@ def main():
                       f"{got[i][0]:.0f} us, p99 {got[i][1]:.0f} us (echo {got['echo'][0]:.0f})", flush=True)
             runs.append(got)
         tables.append((period, runs))
-    b2b = {(mode, slots): step_back_to_back(args.hidden, args.algorithm, mode, slots)
-           for mode in ("supervised", "forecast") for slots in (1, 16)}
+    b2b = {(mode, 1): step_back_to_back(args.hidden, args.algorithm, mode, 1)   # any engine's slot: one program
+           for mode in ("supervised", "forecast")}
     one_slot = {(ROWS[i][1], ROWS[i][3], ROWS[i][4]): i for i in range(len(ROWS)) if ROWS[i][2] == 1}
     lines = [machine_line("unpinned"), "",
              f"GRU-{args.hidden} {args.algorithm}, one sensor, ipc, unpinned, {args.steps} round trips a row, "

@@ -321,7 +321,9 @@ def test_64_streams_from_4_processes_answered_once_and_equal_single_stream_learn
     with running_engine(tmp_path, MULTI) as (proc, ep, cfg_path):
         cfg = load_config(cfg_path)
         assert (cfg.engine.slots, cfg.engine.shared_weights, cfg.learning.mode) == (64, False, "supervised")
-        wait_for_batch_sizes(ep["pub"], [4])   # one loop program takes up to micro_batch = 4 steps
+        # a model per stream: every step is a call of the one-slot program (up to micro_batch
+        # = 4 of a stream's queued steps in one tick); stats flow once the engine serves
+        wait_for_batch_sizes(ep["pub"], [1])
         outs = [tmp_path / f"client-{p}.npz" for p in range(PROCS)]
         clients = [subprocess.Popen([sys.executable, str(HELPERS), "client", ep["router"], str(p), str(PER_PROC),
                                      str(STEPS), str(WINDOW), str(outs[p])],
@@ -359,8 +361,8 @@ def test_64_streams_from_4_processes_answered_once_and_equal_single_stream_learn
     assert len(preds) == PROCS * PER_PROC
     assert all(np.all(np.isfinite(v)) for v in preds.values())
 
-    # pipelined streams pile up: the engine ran several steps of a stream in one call (the scan
-    # path, step_many), and the replies still equal one step at a time
+    # pipelined streams pile up: the engine ran several steps of a stream in one tick, and the
+    # replies still equal one step at a time
     assert sum(shared.values()) > 0
     for i in checked:
         assert ref[i].shape == preds[i].shape == (STEPS, N_OUT)
