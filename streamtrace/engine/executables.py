@@ -8,6 +8,10 @@ the config's learner sections, the program's name (``("loop", 8)``, ...), this p
 source, the library versions and the machine. A model from ``model.factory`` (user code this
 key cannot see) is never stored. Like jax's cache, the folder is trusted code: loading an
 executable runs it.
+
+A program this store compiles skips jax's cache: an executable jax loaded from its cache
+serializes without its kernels (loaded again, its first call fails with "Function ... not
+found"; jax 0.10 and 0.12), so only one compiled here is ever stored.
 """
 from __future__ import annotations
 
@@ -101,6 +105,18 @@ class ExecutableStore:
     def _path(self, name) -> Path:
         key = hashlib.sha256(f"{self.fingerprint}|{name!r}".encode()).hexdigest()
         return self.folder / f"{key}.xla"
+
+    def compile(self, name, lower, options):
+        """The program stored as ``name``, or ``lower()`` compiled with ``options`` (jax's
+        persistent cache off for it: see the module's note) and stored."""
+        got = self.load(name)
+        if got is not None:
+            return got
+        from jax._src import config as jax_config      # the cache switch as a per-thread context
+        with jax_config.enable_compilation_cache(False):
+            compiled = lower().compile(options)
+        self.save(name, compiled)
+        return compiled
 
     def load(self, name):
         """The program stored as ``name``, or None."""
