@@ -135,3 +135,21 @@ def test_a_restarted_engine_serves_its_first_call_with_the_stored_program(tmp_pa
             engine.close()
     finally:
         shutil.rmtree(sock, ignore_errors=True)
+
+
+def test_a_program_in_jax_cache_is_compiled_afresh_for_the_store(tmp_path):
+    """jax's persistent cache already holds the program (an earlier start without the store,
+    or other code with the same program): what the store keeps must still run when loaded (an
+    executable jax loaded from its cache serializes without its kernels)."""
+    from streamtrace.engine.compile_cache import enable
+    enable(tmp_path / "jax")
+    cfg = config()
+    plain = build_learner(cfg, slots=SLOTS, shared_weights=False)
+    want, _ = run(plain, 4)                        # fills jax's cache
+    saved = learner(cfg, tmp_path)
+    np.testing.assert_array_equal(run(saved, 4)[0], want)
+    assert saved.programs.store.saved == 1
+    loaded = learner(cfg, tmp_path)
+    got, _ = run(loaded, 4)                        # failed here: "Function ... not found"
+    assert loaded.programs.store.loaded == 1
+    np.testing.assert_array_equal(got, want)

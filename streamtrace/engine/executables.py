@@ -8,6 +8,12 @@ the config's learner sections, the program's name (``("loop", 8)``, ...), this p
 source, the library versions and the machine. A model from ``model.factory`` (user code this
 key cannot see) is never stored. Like jax's cache, the folder is trusted code: loading an
 executable runs it.
+
+An executable jax loaded from its own cache serializes without its kernels (loaded again,
+its first call fails with "Function ... not found"; jax 0.10 and 0.12). So a program is
+stored only once a copy of it, loaded back, has run (on zeros), and one that fails so is
+compiled again under an option jax's cache cannot have seen (a collective timeout: these
+programs have no collectives), which XLA compiles afresh.
 """
 from __future__ import annotations
 
@@ -17,6 +23,7 @@ import logging
 import os
 import pickle
 import platform
+import time
 from importlib import metadata
 from pathlib import Path
 
@@ -27,6 +34,7 @@ __all__ = ["ExecutableStore", "fingerprint"]
 log = logging.getLogger("streamtrace.engine")
 
 KEEP = 200     # the newest stored programs kept in a folder; older ones are removed on save
+_MISS = "xla_cpu_collective_timeout_seconds"    # changes a program's key in jax's cache, not its code
 # every section that is compiled into a program (constants, shapes, which code runs); the
 # others (sockets, publish, checkpoint, security, bridge) never reach the learner
 _SECTIONS = ("model", "reservoir", "signal", "readout", "learning", "learned", "combine", "metrics", "engine")
@@ -72,6 +80,16 @@ def _versions() -> str:
     return ",".join(out)
 
 
+def _runs(blob: bytes):
+    """Load the stored bytes as a program and run it once on zeros (raises if it cannot)."""
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental.serialize_executable import deserialize_and_load
+    program = deserialize_and_load(*pickle.loads(blob))
+    args, kwargs = jax.tree_util.tree_map(lambda a: jnp.zeros(a.shape, a.dtype), program.args_info)
+    jax.block_until_ready(program(*args, **kwargs))
+
+
 def fingerprint(cfg: EngineConfig) -> str | None:
     """What the programs of ``cfg``'s learner depend on, hashed; None when something they
     depend on cannot be seen from here (a user's model factory)."""
@@ -102,6 +120,19 @@ class ExecutableStore:
         key = hashlib.sha256(f"{self.fingerprint}|{name!r}".encode()).hexdigest()
         return self.folder / f"{key}.xla"
 
+    def compile(self, name, lower, options):
+        """The program stored as ``name``, or ``lower()`` compiled with ``options`` and stored
+        (see the module's note for when it is compiled twice)."""
+        got = self.load(name)
+        if got is not None:
+            return got
+        compiled = lower().compile(options)
+        if not self.save(name, compiled):
+            fresh = lower().compile({**options, _MISS: 10 ** 6 + time.time_ns() % 10 ** 9})
+            if self.save(name, fresh):
+                return fresh
+        return compiled
+
     def load(self, name):
         """The program stored as ``name``, or None."""
         path = self._path(name)
@@ -125,14 +156,16 @@ class ExecutableStore:
             pass
         return compiled
 
-    def save(self, name, compiled):
-        """Store ``compiled`` as ``name`` (written whole or not at all)."""
+    def save(self, name, compiled) -> bool:
+        """Store ``compiled`` as ``name`` (written whole or not at all) if a copy loaded back
+        from its bytes runs; whether it was stored."""
         try:
             from jax.experimental.serialize_executable import serialize
             blob = pickle.dumps(serialize(compiled))
-        except Exception as e:  # noqa: BLE001 - a program jax cannot serialize stays uncached
+            _runs(blob)
+        except Exception as e:  # noqa: BLE001 - a program that does not come back stays unstored
             log.debug("compiled program %r not stored: %s", name, e)
-            return
+            return False
         path = self._path(name)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         try:
@@ -142,9 +175,10 @@ class ExecutableStore:
         except OSError as e:
             log.warning("compiled program not stored in %s: %s", self.folder, e)
             tmp.unlink(missing_ok=True)
-            return
+            return True       # it would have come back: storing it, not the program, failed
         self.saved += 1
         self._prune()
+        return True
 
     def _prune(self):
         try:

@@ -469,16 +469,11 @@ class Programs:
         return step_compiler_options(slots, leaf_guards=self.fns.opt is not None and not self.fns.in_place, loop=loop)
 
     def _compile(self, name, lower, options):
-        """``lower()`` compiled with ``options``, or the program stored as ``name`` (then
-        nothing is traced); a program compiled here is stored."""
+        """``lower()`` compiled with ``options``, or through the store (the program stored as
+        ``name``, then nothing is traced; else compiled and stored)."""
         if self.store is not None:
-            got = self.store.load(name)
-            if got is not None:
-                return got
-        compiled = lower().compile(options)
-        if self.store is not None:
-            self.store.save(name, compiled)
-        return compiled
+            return self.store.compile(name, lower, options)
+        return lower().compile(options)
 
     def packed(self, fn, args, options, donate: str | None, name=None):
         """``fn(buffers, *args)`` compiled as a ``_Call`` whose args cross as one packed buffer.
