@@ -18,6 +18,7 @@ programs have no collectives), which XLA compiles afresh.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import logging
 import os
@@ -41,20 +42,15 @@ _SECTIONS = ("model", "reservoir", "signal", "readout", "learning", "learned", "
 _PACKAGES = ("jax", "jaxlib", "brainstate", "brainunit", "saiunit", "optax", "numpy")
 
 
+@functools.cache
 def _source_digest() -> str:
     """This package's Python source, hashed once per process."""
-    global _SOURCE
-    if _SOURCE is None:
-        root = Path(__file__).resolve().parents[1]
-        h = hashlib.sha256()
-        for f in sorted(root.rglob("*.py")):
-            h.update(str(f.relative_to(root)).encode())
-            h.update(f.read_bytes())
-        _SOURCE = h.hexdigest()
-    return _SOURCE
-
-
-_SOURCE = None
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for f in sorted(root.rglob("*.py")):
+        h.update(str(f.relative_to(root)).encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()
 
 
 def _machine() -> str:

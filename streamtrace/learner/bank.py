@@ -96,11 +96,15 @@ class SlotBank:
     def _each(self, fn) -> list:
         return [self._on(s, fn) for s in range(self.n)]
 
+    def _stacked(self, fn) -> dict:
+        """``fn()`` ({name: array with a slot axis of 1}) of every slot, concatenated."""
+        per = self._each(fn)
+        return {k: np.concatenate([p[k] for p in per]) for k in per[0]}
+
     def state_dict(self) -> dict:
         """``{name: array}`` with the slots stacked first: ``Slots(n, shared=False)``'s names
         and shapes, so checkpoints are the same files."""
-        per = self._each(self.one.state_dict)
-        return {k: np.concatenate([p[k] for p in per]) for k in per[0]}
+        return self._stacked(self.one.state_dict)
 
     def load_state_dict(self, named: dict):
         """Refused (nothing changes) unless every array has the n slots first and fits one slot."""
@@ -126,8 +130,7 @@ class SlotBank:
     @property
     def params(self) -> dict:
         """Current weights, ``{name: array}``, slot axis first."""
-        per = self._each(lambda: self.one.params)
-        return {k: np.concatenate([p[k] for p in per]) for k in per[0]}
+        return self._stacked(lambda: self.one.params)
 
     def stats(self) -> dict:
         """Counters summed over slots ("step": the most any slot took), per-slot prequential

@@ -470,8 +470,8 @@ class Programs:
 
     def _compile(self, name, lower, options):
         """``lower()`` compiled with ``options``, or through the store (the program stored as
-        ``name``, then nothing is traced; else compiled and stored)."""
-        if self.store is not None:
+        ``name``, then nothing is traced; else compiled and stored). No name: never stored."""
+        if self.store is not None and name is not None:
             return self.store.compile(name, lower, options)
         return lower().compile(options)
 
@@ -491,5 +491,4 @@ class Programs:
             run = jax.jit(lambda buffers, io: fn(buffers, *inputs.unpack(io)),
                           donate_argnums=(0,) if donate == "all" else ())
             lower = lambda: run.lower(self.avals, inputs.buffer)
-        name = None if name is None else (name, donate)
-        return _Call(self._compile(name, lower, options) if name else lower().compile(options), inputs, n)
+        return _Call(self._compile(name and (name, donate), lower, options), inputs, n)
