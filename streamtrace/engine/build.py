@@ -51,8 +51,8 @@ def beside_of(cfg: EngineConfig, model, optimizer, n_in: int):
     import jax
 
     from ..nn import Beside
-    from ..nn.stacks import CELLS
-    cell = CELLS[b.stack](n_in, b.n_hidden, key=jax.random.PRNGKey(cfg.model.seed))
+    from ..nn.stacks import LEARNED_CELLS
+    cell = LEARNED_CELLS[b.stack](n_in, b.n_hidden, key=jax.random.PRNGKey(cfg.model.seed))
     own = None if cfg.learning.optimizer == "frozen" else optimizer
     cell_opt = None if b.optimizer == "frozen" else \
         make_optimizer(dataclasses.replace(cfg.learning, optimizer=b.optimizer, lr=b.lr))

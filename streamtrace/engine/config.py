@@ -226,8 +226,8 @@ class EngineConfig:
         if m.factory:
             if not _FACTORY.match(m.factory):
                 raise ConfigError("model.factory", f"{m.factory!r}: write it as 'package.module:function'")
-        elif m.stack not in STACKS + ("reservoir",):
-            raise ConfigError("model.stack", f"{m.stack!r}: choose one of {STACKS + ('reservoir',)} "
+        elif m.stack not in STACKS + FEATURE_MODELS:
+            raise ConfigError("model.stack", f"{m.stack!r}: choose one of {STACKS + FEATURE_MODELS} "
                               "or set model.factory")
         if m.precision not in (32, 64):
             raise ConfigError("model.precision", f"must be 32 or 64; got {m.precision}")
@@ -237,10 +237,13 @@ class EngineConfig:
         if m.readout not in ("", "linear", "leaky"):
             raise ConfigError("model.readout", f"{m.readout!r}: choose 'linear' or 'leaky' (or leave it out)")
         _int_range("model.seed", m.seed, 0, 2**32 - 1)
+        if m.stack == "rotation" and not m.factory and m.n_hidden % 2:
+            raise ConfigError("model.n_hidden", f"a rotation bank holds two states per rotation: must be even; "
+                              f"got {m.n_hidden}")
 
     def _validate_learned(self):
-        from ..nn.stacks import CELLS
-        b, cells = self.learned, tuple(CELLS)
+        from ..nn.stacks import LEARNED_CELLS
+        b, cells = self.learned, tuple(LEARNED_CELLS)
         if not b.stack:
             return
         if b.stack not in cells:
@@ -248,6 +251,9 @@ class EngineConfig:
         if self.readout.kind != "rls":
             raise ConfigError("learned.stack", "learned features need a readout over them: set readout.kind = 'rls'")
         _int_range("learned.n_hidden", b.n_hidden, 1, MAX_UNITS)
+        if b.stack == "rotation" and b.n_hidden % 2:
+            raise ConfigError("learned.n_hidden", f"a rotation bank holds two states per rotation: must be even; "
+                              f"got {b.n_hidden}")
         if b.optimizer not in OPTIMIZERS:
             raise ConfigError("learned.optimizer", f"{b.optimizer!r}: choose one of {sorted(OPTIMIZERS)}")
         _positive("learned.lr", b.lr)
@@ -387,8 +393,8 @@ class EngineConfig:
             raise ConfigError("readout.delta", f"must be a number or a list of numbers; got {ro.delta!r}")
         for d in ro.delta:
             _positive("readout.delta", d)
-        if m.stack == "reservoir" and not m.factory and ro.kind != "rls":
-            raise ConfigError("readout.kind", "model.stack = 'reservoir' returns its state: it needs readout.kind = 'rls'")
+        if m.stack in FEATURE_MODELS and not m.factory and ro.kind != "rls":
+            raise ConfigError("readout.kind", f"model.stack = {m.stack!r} returns its state: it needs readout.kind = 'rls'")
         if l.channels:
             if not all(isinstance(c, int) and not isinstance(c, bool) for c in l.channels):
                 raise ConfigError("learning.channels", f"must be a list of input channel indices; got {l.channels!r}")
@@ -433,6 +439,8 @@ class EngineConfig:
 
 
 MAX_UNITS = 1_000_000
+# model.stack kinds that return their state as features for the readout (readout.kind = "rls")
+FEATURE_MODELS = ("reservoir", "rotation")
 _FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _SCHEMES = ("tcp", "ipc", "inproc")
 
@@ -562,7 +570,7 @@ def _default_learner(cfg: EngineConfig, given: set):
 
 def build_model(cfg: ModelConfig, reservoir: ReservoirConfig | None = None):
     """The configured model: a built-in stack, a reservoir, or the user's ``module:function``."""
-    from ..nn import Reservoir, Stack
+    from ..nn import Reservoir, Rotations, Stack
     if cfg.factory:
         mod_name, _, fn_name = cfg.factory.partition(":")
         if not mod_name or not fn_name:
@@ -584,6 +592,8 @@ def build_model(cfg: ModelConfig, reservoir: ReservoirConfig | None = None):
             raise ConfigError("model.factory", f"{cfg.factory}() returned type {type(model).__name__}, "
                               "not a brainstate.nn.Module")
         return model
+    if cfg.stack == "rotation":
+        return Rotations(cfg.n_in, cfg.n_hidden, seed=cfg.seed)
     if cfg.stack == "reservoir":
         r = reservoir or ReservoirConfig()
         return Reservoir(cfg.n_in, cfg.n_hidden, leak=r.leak, spectral_radius=r.spectral_radius,

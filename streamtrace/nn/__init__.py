@@ -8,8 +8,9 @@ from .beside import Beside
 from .layers import DiagRNNCell, GRUCell, Linear, LSTMCell, RNNCell
 from .neurons import ALIF, LIF, LeakyRate, LeakyRateReadout
 from .reservoir import Reservoir
+from .rotation import Rotations
 from .stacks import STACKS, Stack
 from .surrogate import spike
 
 __all__ = ["ops", "spike", "Linear", "RNNCell", "DiagRNNCell", "GRUCell", "LSTMCell",
-           "LIF", "ALIF", "LeakyRate", "LeakyRateReadout", "Reservoir", "Beside", "Stack", "STACKS"]
+           "LIF", "ALIF", "LeakyRate", "LeakyRateReadout", "Reservoir", "Rotations", "Beside", "Stack", "STACKS"]

@@ -7,12 +7,16 @@ import numpy as np
 
 from .layers import GRUCell, Linear, LSTMCell, RNNCell
 from .neurons import ALIF, LIF, LeakyRate, LeakyRateReadout
+from .rotation import Rotations
 
-__all__ = ["Stack", "STACKS"]
+__all__ = ["Stack", "STACKS", "LEARNED_CELLS"]
 
 CELLS = {"gru": GRUCell, "lstm": LSTMCell, "rnn": RNNCell}
 NEURONS = {"lif": LIF, "alif": ALIF, "leaky": LeakyRate}
 STACKS = tuple(CELLS) + tuple(NEURONS)
+# cells a config may put beside a model under its readout ([learned] stack): their state is
+# their output, read by the readout (a rotation bank's features, not one squashed output)
+LEARNED_CELLS = {**CELLS, "rotation": Rotations}
 
 
 class Stack(brainstate.nn.Module):
