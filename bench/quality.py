@@ -81,6 +81,16 @@ CONFIGS = {
                                          model={"stack": "gru", "n_hidden": 32},
                                          learning={"algorithm": "rtrl", "optimizer": "adam", "lr": 6e-4}),
     "reservoir-800 alone": lambda t: _with(default_config(t), model={"n_hidden": 800}, learned={"stack": ""}),
+    # learned memory (nn.Rotations: every recurrent weight element-wise, so D-RTRL is exact RTRL):
+    # 32 states alone under the RLS readout, the same frozen at their random start, and beside the
+    # default's reservoir in place of its GRU-16
+    "rotation-32 alone": lambda t: _with(default_config(t), learned={"stack": ""},
+                                         model={"stack": "rotation", "n_hidden": 32},
+                                         learning={"optimizer": "adam", "lr": 1e-3}),
+    "rotation-32 alone, fixed": lambda t: _with(default_config(t), learned={"stack": ""},
+                                                model={"stack": "rotation", "n_hidden": 32}),
+    "default, rotation-32 beside": lambda t: _with(default_config(t), learned={"stack": "rotation", "n_hidden": 32,
+                                                                              "optimizer": "adam", "lr": 1e-3}),
 }
 ASKED: set = set()      # the configs named by --configs (a long task runs those too)
 
@@ -98,7 +108,8 @@ SKIP_ON = {"narma10": {"reservoir-300", "reservoir-500", "hybrid-200 d-rtrl", "g
 # the long tasks where learning should matter (25,000 steps each): the default, the hybrid and the
 # fixed reservoir of equal cost; one reservoirpy ESN of the default's size and river's linear lags
 LONG = ["multichannel", "regime-switch", "delay-recall"]
-LONG_CONFIGS = {"default", "reservoir alone", "default, gru-16 fixed", "reservoir-240 alone", "reservoir-300 alone"}
+LONG_CONFIGS = {"default", "reservoir alone", "default, gru-16 fixed", "reservoir-240 alone", "reservoir-300 alone",
+                "rotation-32 alone", "rotation-32 alone, fixed", "default, rotation-32 beside"}
 TASKS = ["mackey-glass", "narma10", "co2", "sunspots"] + LONG
 REAL = {"co2", "sunspots"}        # measured series in raw units: peers get causal standardisation
 SEEDS = [0, 1, 2]
