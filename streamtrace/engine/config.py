@@ -119,7 +119,8 @@ class CombineConfig:             # what the user gets: the model's forecast mixe
 # does set wins. A fixed 200-unit float64 reservoir beside a GRU-16 whose weights learn through
 # D-RTRL traces (SGD) from the readout's error, causal standardisation, forecasts of the change
 # from the last value (forecast mode), an exact RLS readout over both choosing between two
-# ridges, mixed with persistence and a running mean. The learned GRU made every task as good or
+# ridges and forgetting faster for a while after a detected change in its error (change_lam),
+# mixed with persistence and a running mean. The learned GRU made every task as good or
 # better than the reservoir alone, for ~1.2x its step (docs/quality.md); `[learned] stack = ""`
 # turns it off.
 DEFAULT_LEARNER = {

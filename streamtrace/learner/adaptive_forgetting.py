@@ -44,7 +44,8 @@ class SettingError(ValueError):
 
 
 class ChangeDetector:
-    """Pure init/update pair: ``update(state, x, ok) -> (state, forgetting)`` per slot."""
+    """Pure init/update pair: ``update(state, x, ok) -> (state, forgetting)`` per slot. A bad
+    setting raises ``SettingError`` naming its ``[readout]`` config key (``change_*``)."""
 
     def __init__(self, lam_change: float = 0.99, *, threshold: float = 3.5, hold: int = 1000,
                  fast: int = 50, slow: int = 500):
@@ -89,7 +90,8 @@ class ChangeDetector:
 
 class AdaptiveForgetting:
     """An RLS readout (``rls.RLSReadout``) whose P is divided by the detector's forgetting
-    before each update. Features and predictions are the inner readout's."""
+    after each update (so the next update forgets with it). Features and predictions are the
+    inner readout's; its state is the inner one's plus ``forget`` (the detector's)."""
 
     def __init__(self, inner, detector: ChangeDetector):
         self.inner, self.detector = inner, detector
