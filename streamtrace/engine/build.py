@@ -9,8 +9,9 @@ import numpy as np
 
 from ..learner import (Forecast, Metrics, OnlineLearner, Slots, Supervised, chain, experts, feedback, normalise,
                        param_groups, residual, rls)
+from ..learner.adaptive_forgetting import AdaptiveForgetting
 from ..learner.algorithms import algorithm_named
-from .config import ConfigError, EngineConfig, build_model, make_optimizer
+from .config import ConfigError, EngineConfig, build_model, change_detector, make_optimizer
 
 __all__ = ["build_learner", "set_precision"]
 
@@ -33,7 +34,10 @@ def readout_of(cfg: EngineConfig):
     if ro.kind != "rls":
         return None
     n_out = cfg.model.n_out if cfg.learning.mode != "forecast" else None
-    return rls(n_out, lam=ro.lam, delta=tuple(float(d) for d in ro.delta), use_input=ro.use_input)
+    readout = rls(n_out, lam=ro.lam, delta=tuple(float(d) for d in ro.delta), use_input=ro.use_input)
+    if ro.change_lam == 1.0:
+        return readout
+    return AdaptiveForgetting(readout, change_detector(ro))
 
 
 def combine_of(cfg: EngineConfig):

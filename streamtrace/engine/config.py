@@ -63,6 +63,15 @@ class ReadoutConfig:             # a closed-form readout over the model's output
     # readout whose recent prequential error is lowest (strong ridge for short streams)
     delta: list = field(default_factory=lambda: [0.1, 1e-8])
     use_input: bool = True       # the (encoded) input is a readout feature too
+    # forget faster after a detected change (learner/adaptive_forgetting.py): when the readout's
+    # recent error (change_fast steps) exceeds change_threshold times its longer-run level
+    # (change_slow steps), forget with change_lam for change_hold steps (1.0: never; the default
+    # learner: 0.99). A stream that never fires it gets the plain readout, bit for bit.
+    change_lam: float = 1.0
+    change_threshold: float = 3.5
+    change_hold: int = 1000
+    change_fast: int = 50
+    change_slow: int = 500
 
 
 @dataclass
@@ -110,13 +119,14 @@ class CombineConfig:             # what the user gets: the model's forecast mixe
 # does set wins. A fixed 200-unit float64 reservoir beside a GRU-16 whose weights learn through
 # D-RTRL traces (SGD) from the readout's error, causal standardisation, forecasts of the change
 # from the last value (forecast mode), an exact RLS readout over both choosing between two
-# ridges, mixed with persistence and a running mean. The learned GRU made every task as good or
+# ridges and forgetting faster for a while after a detected change in its error (change_lam),
+# mixed with persistence and a running mean. The learned GRU made every task as good or
 # better than the reservoir alone, for ~1.2x its step (docs/quality.md); `[learned] stack = ""`
 # turns it off.
 DEFAULT_LEARNER = {
     "model": {"stack": "reservoir", "n_hidden": 200, "precision": 64},
     "signal": {"normalise": True, "normalise_rate": 0.003, "residual": "forecast"},  # residual: forecasts only
-    "readout": {"kind": "rls"},
+    "readout": {"kind": "rls", "change_lam": 0.99},
     "learned": {"stack": "gru", "n_hidden": 16},
     "learning": {"optimizer": "frozen"},
     "combine": {"experts": True},
@@ -393,6 +403,7 @@ class EngineConfig:
             raise ConfigError("readout.delta", f"must be a number or a list of numbers; got {ro.delta!r}")
         for d in ro.delta:
             _positive("readout.delta", d)
+        change_detector(ro)
         if m.stack in FEATURE_MODELS and not m.factory and ro.kind != "rls":
             raise ConfigError("readout.kind", f"model.stack = {m.stack!r} returns its state: it needs readout.kind = 'rls'")
         if l.channels:
@@ -443,6 +454,16 @@ MAX_UNITS = 1_000_000
 FEATURE_MODELS = ("reservoir", "rotation")
 _FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _SCHEMES = ("tcp", "ipc", "inproc")
+
+
+def change_detector(ro: ReadoutConfig):
+    """The readout's change detector for ``[readout] change_*``; a bad value is a ConfigError."""
+    from ..learner.adaptive_forgetting import ChangeDetector, SettingError
+    try:
+        return ChangeDetector(ro.change_lam, threshold=ro.change_threshold, hold=ro.change_hold,
+                              fast=ro.change_fast, slow=ro.change_slow)
+    except SettingError as e:
+        raise ConfigError(f"readout.{e.key}", e.problem) from None
 
 
 def _int_range(key, v, lo, hi, note=""):

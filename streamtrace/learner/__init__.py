@@ -4,6 +4,7 @@ from .._imports import import_brainstate
 import_brainstate()     # before brainstate is first imported: without matplotlib (see _imports)
 
 from .adam import adam
+from .adaptive_forgetting import adaptive_forgetting
 from .algorithms import Algorithm, d_rtrl, es_d_rtrl, rtrl
 from .checkpoint import (
            CheckpointDir,
@@ -28,4 +29,4 @@ from .transforms import chain
 __all__ = ["OnlineLearner", "StepResult", "Layout", "LOSSES", "CheckpointError", "CheckpointDir",
            "read_checkpoint", "write_checkpoint", "Forecast", "normalise", "residual", "chain", "rls",
            "param_groups", "adam", "experts", "feedback", "Algorithm", "d_rtrl", "es_d_rtrl", "rtrl",
-           "frozen", "Supervised", "Slots", "CompileSettings", "Metrics"]
+           "frozen", "Supervised", "Slots", "CompileSettings", "Metrics", "adaptive_forgetting"]
