@@ -169,7 +169,8 @@ class Programs:
     def label(self):
         """The compiled label program (``Supervised(label_delay=d)``): (buffers, slot, age, y) ->
         (buffers, status, loss, applied); status 0: applied, else ``labels.LABEL_CODES`` and the
-        state is unchanged. The buffers are donated (the ring is written in place)."""
+        state is unchanged. The buffers are donated (the ring is written in place), but for the
+        fixed weights (a slot bank shares them between slots)."""
         f = self.layout.fixed_from
 
         def run(buffers, i, age, y):
