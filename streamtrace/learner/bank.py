@@ -9,6 +9,13 @@ learner's one compiled step program: every step of every stream is the same prog
 same shapes (the same bits however streams interleave), a lone stream costs one slot, and no
 state is gathered or written back.
 
+Weights no step changes (a frozen reservoir beside a learned cell, ``learner.fixed``) are the
+last of the buffers (packing.py ``fixed_from``), which the step programs neither donate nor
+return: the bank holds them once, every slot's state tuple ending in the same arrays, and a
+slot costs only the rest (``slot_bytes``). A state written in (``write_slot``,
+``load_state_dict``) whose fixed weights differ from that copy is refused, nothing changed: a
+model per stream starts from the same weights, and frozen ones stay so.
+
 Seen from outside the bank is an n-slot learner: ``state_dict`` / ``signature`` (the same
 names, shapes and checkpoints as ``Slots(n, shared=False)``), ``params``, ``stats``,
 ``read_slot`` / ``write_slot`` / ``reset_slot`` and ``label`` take a slot. One difference: a
@@ -19,6 +26,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
+from .packing import path_name
 from .result import StepResult
 
 __all__ = ["SlotBank"]
@@ -39,11 +47,34 @@ class SlotBank:
         self.x_shape, self.out_shape, self.x_dtype, self.y_dtype = one.x_shape, one.out_shape, one.x_dtype, one.y_dtype
         self.label_delay = one.label_delay
         self.programs = one.programs      # compiled once, for every slot (and the engine's warm-up)
+        f = self._f = one.layout.fixed_from
+        self._fixed_names = one.layout.alone_names[f - len(one.layout.dtypes):]
         self._initial = [np.asarray(b) for b in one.buffers]     # a fresh slot, on the host
+        for b in self._initial[f:]:          # handed out by read_slot: nobody writes them
+            b.setflags(write=False)
+        self.shared = tuple(jax.device_put(b) for b in self._initial[f:])    # one copy, all slots
         self.states = [self._fresh() for _ in range(n)]
 
     def _fresh(self) -> tuple:
-        return tuple(jax.device_put(b) for b in self._initial)
+        return tuple(jax.device_put(b) for b in self._initial[:self._f]) + self.shared
+
+    def _sharing(self, buffers) -> tuple:
+        """``buffers`` with the bank's copy of the fixed weights in place of theirs; a
+        ValueError (naming the weights) if theirs differ from it, bit for bit."""
+        f = self._f
+        for name, b, mine, host in zip(self._fixed_names, buffers[f:], self.shared, self._initial[f:]):
+            if b is not mine and np.asarray(b).tobytes() != host.tobytes():
+                raise ValueError(f"fixed weights '{name}' differ from the copy all slots of this bank share "
+                                 "(frozen weights are the same for every stream and never change)")
+        return tuple(buffers[:f]) + self.shared
+
+    def slot_bytes(self) -> int:
+        """Bytes of one slot's own state (its buffers but the shared fixed weights)."""
+        return sum(b.nbytes for b in self.states[0][:self._f])
+
+    def shared_bytes(self) -> int:
+        """Bytes of the fixed weights, held once for all slots."""
+        return sum(b.nbytes for b in self.shared)
 
     def _check(self, slot: int) -> int:
         if not 0 <= slot < self.n:
@@ -82,10 +113,23 @@ class SlotBank:
         self.states[self._check(slot)] = self._fresh()
 
     def read_slot(self, slot: int) -> dict:
-        return self._on(slot, lambda: self.one.read_slot(0))
+        """The slot's state (``OnlineLearner.read_slot``); its fixed weights are the bank's
+        read-only host copy, not a copy per read (a parked stream keeps only its own state)."""
+        part = self._on(slot, lambda: self.one.read_slot(0))
+        fixed = dict(zip(self._fixed_names, self._initial[self._f:]))
+        leaves, tree = jax.tree_util.tree_flatten_with_path(part)
+        return jax.tree_util.tree_unflatten(tree, [fixed[path_name(kp)][0] if path_name(kp) in fixed else v
+                                                   for kp, v in leaves])
 
     def write_slot(self, slot: int, part: dict):
+        """Refused (ValueError, nothing changed) if ``part``'s fixed weights are not the bank's."""
+        old = self.states[self._check(slot)]
         self._on(slot, lambda: self.one.write_slot(0, part))
+        try:
+            self.states[slot] = self._sharing(self.states[slot])
+        except ValueError:
+            self.states[slot] = old
+            raise
 
     def label(self, y, age: int = 0, slot: int | None = None):
         if slot is None:
@@ -107,7 +151,8 @@ class SlotBank:
         return self._stacked(self.one.state_dict)
 
     def load_state_dict(self, named: dict):
-        """Refused (nothing changes) unless every array has the n slots first and fits one slot."""
+        """Refused (nothing changes) unless every array has the n slots first and fits one slot,
+        and every slot's fixed weights are the bank's."""
         split = []
         for name, v in named.items():
             if np.ndim(v) < 1 or np.shape(v)[0] != self.n:
@@ -116,7 +161,7 @@ class SlotBank:
         try:
             for s in range(self.n):
                 one.load_state_dict({k: np.asarray(v)[s:s + 1] for k, v in named.items()})
-                split.append(one.buffers)
+                split.append(self._sharing(one.buffers))
         finally:
             one.buffers = old
         self.states = split

@@ -17,7 +17,7 @@ from .labels import LABEL_CODES, LabelError, LabelledSteps, LabelResult
 from .modes import Supervised, mode_parts
 from .old_keywords import frozen_string, translate
 from .optimizers import optimizer_parts
-from .packing import Layout
+from .packing import Layout, path_name
 from .programs import PAIR, Programs
 from .result import StepResult
 from .settings import CompileSettings, Metrics, Slots
@@ -147,7 +147,12 @@ class OnlineLearner:
         # each compiled or loaded from the cache at every start), the weights as its arguments
         # (as constants they would be embedded in the program and hashed for the cache key)
         p0 = self.algo.graph.init_params()
-        self.layout = Layout(jax.eval_shape(self._init_state, p0), standalone=compile.standalone)
+        shapes = jax.eval_shape(self._init_state, p0)
+        # weights no step changes (a frozen model or group) cross as buffers of their own, last,
+        # never donated nor returned: a slot bank keeps one copy of them for all its slots
+        names = [path_name(kp) for kp, _ in jax.tree_util.tree_flatten_with_path(shapes)[0]]
+        self.fixed = tuple(self.fns.store.fixed_leaves(names, frozen=not self.fns.learn_model))
+        self.layout = Layout(shapes, standalone=compile.standalone, fixed=self.fixed)
         init = jax.jit(lambda p: self.layout.pack(self._init_state(p)))
         init_buffers = init(p0)
         self.buffers = init(p0)     # donated, not the initial ones

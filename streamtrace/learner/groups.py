@@ -117,6 +117,13 @@ class ParamStore:
             self.layouts = {g: Layout({n: params[n] for n in ns}) for g, ns in self.members.items()}
         self.frozen = [] if groups is None else [g for g in self.members if groups.groups[g][1] is None]
 
+    def fixed_leaves(self, names, frozen: bool) -> list[str]:
+        """Which of the state's leaves (``names``) hold weights no step changes: all the
+        weights of a ``frozen`` model, else the blocks of the frozen groups."""
+        if frozen:
+            return [n for n in names if n == "params" or n.startswith("params.")]
+        return [f"params.{g}" for g in self.frozen if f"params.{g}" in names]
+
     def pack(self, params: dict):
         if self.separate:
             return dict(params)

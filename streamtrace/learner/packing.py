@@ -75,17 +75,24 @@ def _dtype(leaf) -> np.dtype:
 
 class Layout:
     """Static description of a pytree of arrays as per-dtype (rows, width) buffers, plus the
-    leaves of at least ``standalone`` elements as buffers of their own.
+    leaves of at least ``standalone`` elements as buffers of their own, and last the leaves
+    named in ``fixed`` (weights no step changes), each a buffer of its own whatever its size:
+    ``fixed_from`` is where they start in the buffers, so a caller may pass them apart.
 
     Packing costs a copy of every leaf per step; for big leaves (weights, moments, traces)
     that copy costs more than an extra buffer does (docs/decisions/step-details.md), and a
     buffer of its own can be updated in place when the call donates its inputs.
     """
 
-    def __init__(self, tree, standalone: int | None = None):
+    def __init__(self, tree, standalone: int | None = None, fixed=()):
         leaves, self.treedef = jax.tree_util.tree_flatten_with_path(tree)
         big = (lambda leaf: standalone is not None and int(np.prod(np.shape(leaf))) >= standalone)
-        self.alone = [i for i, (_, leaf) in enumerate(leaves) if big(leaf)]
+        fixed = set(fixed)
+        is_fixed = [path_name(kp) in fixed for kp, _ in leaves]
+        if sum(is_fixed) != len(fixed):
+            raise ValueError(f"fixed leaves {sorted(fixed)} are not all in the state")
+        self.alone = [i for i, (_, leaf) in enumerate(leaves) if big(leaf) and not is_fixed[i]] + \
+            [i for i in range(len(leaves)) if is_fixed[i]]
         self.alone_names = [path_name(leaves[i][0]) for i in self.alone]
         alone = set(self.alone)
         self._all_names = [path_name(kp) for kp, _ in leaves]
@@ -102,6 +109,7 @@ class Layout:
                 groups.append([])
             groups[self.dtypes.index(dt)].append(tuple(np.shape(leaf)))
         self.widths = tuple(choose_width(g) for g in groups)
+        self.fixed_from = len(self.dtypes) + len(self.alone) - len(fixed)    # buffers[fixed_from:]
         rows = [0] * len(self.dtypes)
         self.slots: list[_Slot] = []
         for kp, leaf in leaves:

@@ -33,19 +33,24 @@ PAIR = 2     # per-slot models step this many slots at a time (see Programs._in_
 
 
 class _Call:
-    """A compiled step ``fn(small, alone, io)`` (or ``fn(buffers, io)``) called as
+    """A compiled step ``fn(small, alone, fixed, io)`` (or ``fn(buffers, io)``) called as
     ``fn(buffers, *inputs)``: the inputs cross as one packed buffer (see inputs.py);
-    ``inputs.views`` are arrays a caller may fill in place. Its other attributes (``as_text``,
+    ``inputs.views`` are arrays a caller may fill in place. ``cut`` (n, f): buffers[:n] small,
+    [n:f] standalone, [f:] fixed weights, which the program neither donates nor returns: the
+    call hands the same arrays back in its buffers. Its other attributes (``as_text``,
     ``cost_analysis``, ...) are the compiled program's."""
 
-    def __init__(self, compiled, inputs: PackedInputs, n: int | None):
-        self.compiled, self.inputs, self.n = compiled, inputs, n
+    def __init__(self, compiled, inputs: PackedInputs, cut: tuple | None):
+        self.compiled, self.inputs, self.cut = compiled, inputs, cut
 
     def __call__(self, buffers, *args):
         io = self.inputs.pack(*args)
-        if self.n is None:
+        if self.cut is None:
             return self.compiled(buffers, io)
-        return self.compiled(buffers[:self.n], buffers[self.n:], io)
+        n, f = self.cut
+        fixed = buffers[f:]
+        out, *rest = self.compiled(buffers[:n], buffers[n:f], fixed, io)
+        return (out + fixed, *rest)
 
     def __getattr__(self, name):
         return getattr(self.compiled, name)
@@ -164,7 +169,10 @@ class Programs:
     def label(self):
         """The compiled label program (``Supervised(label_delay=d)``): (buffers, slot, age, y) ->
         (buffers, status, loss, applied); status 0: applied, else ``labels.LABEL_CODES`` and the
-        state is unchanged. The buffers are donated (the ring is written in place)."""
+        state is unchanged. The buffers are donated (the ring is written in place), but for the
+        fixed weights (a slot bank shares them between slots)."""
+        f = self.layout.fixed_from
+
         def run(buffers, i, age, y):
             state = self.layout.unpack(buffers)
             if not self.per_slot:
@@ -177,8 +185,18 @@ class Programs:
             moved = {k: put(state[k], one[k]) for k in MOVING if k in state}
             labels = {**state["labels"], "state": put(state["labels"]["state"], one["labels"]["state"])}
             return self.layout.pack({**state, **moved, "labels": labels}), status, loss, applied
-        return self._program("label", lambda: jax.jit(run, donate_argnums=(0,)).lower(
-            self.avals, np.int32(0), np.int32(0), jax.ShapeDtypeStruct(self.out_shape, self.y_dtype)).compile())
+
+        def split(changing, fixed, i, age, y):      # fixed weights neither donated nor returned
+            buffers, *rest = run(changing + fixed, i, age, y)
+            return (buffers[:f], *rest)
+        compiled = self._program("label", lambda: jax.jit(split, donate_argnums=(0,)).lower(
+            self.avals[:f], self.avals[f:], np.int32(0), np.int32(0),
+            jax.ShapeDtypeStruct(self.out_shape, self.y_dtype)).compile())
+
+        def call(buffers, i, age, y):
+            out, *rest = compiled(buffers[:f], buffers[f:], i, age, y)
+            return (out + buffers[f:], *rest)
+        return call
 
     def predict(self, key=None):
         """The prediction-only twin of the program ``key`` (None: ``step()``, ("loop", k) or
@@ -482,13 +500,16 @@ class Programs:
         one program, so donated it copies them first, and the copy reorders a small step
         (measured: docs/decisions/step-details.md). ``name``: the program's name in the store."""
         inputs = PackedInputs(args)
-        if donate == "alone":
-            n = len(self.layout.dtypes)
-            run = jax.jit(lambda small, alone, io: fn(small + alone, *inputs.unpack(io)), donate_argnums=(1,))
-            lower = lambda: run.lower(self.avals[:n], self.avals[n:], inputs.buffer)
-        else:
-            n = None
-            run = jax.jit(lambda buffers, io: fn(buffers, *inputs.unpack(io)),
-                          donate_argnums=(0,) if donate == "all" else ())
+        if donate == "all":
+            cut = None
+            run = jax.jit(lambda buffers, io: fn(buffers, *inputs.unpack(io)), donate_argnums=(0,))
             lower = lambda: run.lower(self.avals, inputs.buffer)
-        return _Call(self._compile(name and (name, donate), lower, options), inputs, n)
+        else:
+            cut = n, f = len(self.layout.dtypes), self.layout.fixed_from
+
+            def split(small, alone, fixed, io):     # fixed weights in, not out (see _Call)
+                buffers, *rest = fn(small + alone + fixed, *inputs.unpack(io))
+                return (buffers[:f], *rest)
+            run = jax.jit(split, donate_argnums=(1,) if donate == "alone" else ())
+            lower = lambda: run.lower(self.avals[:n], self.avals[n:f], self.avals[f:], inputs.buffer)
+        return _Call(self._compile(name and (name, donate), lower, options), inputs, cut)
