@@ -2,11 +2,11 @@
 
 The config names are imported at once; the engine itself (jax and the learner) only when first
 used, so a bridge or a tool that reads the serve TOML does not pay for jax."""
-from .config import ConfigError, EngineConfig, build_model, load_config
+from .config import ConfigError, EngineConfig, load_config
 
 __all__ = ["EngineConfig", "ConfigError", "load_config", "build_model", "EngineCore", "Engine", "serve"]
 
-_LAZY = {"EngineCore": ".core", "Engine": ".server", "serve": ".server"}
+_LAZY = {"EngineCore": ".core", "Engine": ".server", "serve": ".server", "build_model": ".build"}
 
 
 def __getattr__(name):

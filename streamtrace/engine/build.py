@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib
 
 import numpy as np
 
@@ -11,9 +12,44 @@ from ..learner import (Forecast, Metrics, OnlineLearner, Slots, Supervised, chai
                        param_groups, residual, rls)
 from ..learner.adaptive_forgetting import AdaptiveForgetting
 from ..learner.algorithms import algorithm_named
-from .config import ConfigError, EngineConfig, build_model, change_detector, make_optimizer
+from .config import (ConfigError, EngineConfig, ModelConfig, ReservoirConfig, change_detector,
+                     make_optimizer)
 
-__all__ = ["build_learner", "set_precision"]
+__all__ = ["build_learner", "build_model", "set_precision"]
+
+
+def build_model(cfg: ModelConfig, reservoir: ReservoirConfig | None = None):
+    """The configured model: a built-in stack, a reservoir, or the user's ``module:function``."""
+    from ..nn import Reservoir, Rotations, Stack
+    if cfg.factory:
+        mod_name, _, fn_name = cfg.factory.partition(":")
+        if not mod_name or not fn_name:
+            raise ConfigError("model.factory", f"{cfg.factory!r}: write it as 'package.module:function'")
+        try:
+            fn = getattr(importlib.import_module(mod_name), fn_name)
+        except (ImportError, AttributeError) as e:
+            raise ConfigError("model.factory", f"{cfg.factory!r}: {e}") from None
+        except Exception as e:  # noqa: BLE001 - the module's own import code failed
+            raise ConfigError("model.factory", f"importing {mod_name!r} raised {type(e).__name__}: {e}") from None
+        if not callable(fn):
+            raise ConfigError("model.factory", f"{cfg.factory!r} is not a function (type {type(fn).__name__})")
+        try:
+            model = fn()
+        except Exception as e:  # noqa: BLE001 - the user's code: name it, no traceback
+            raise ConfigError("model.factory", f"{cfg.factory}() raised {type(e).__name__}: {e}") from None
+        import brainstate
+        if not isinstance(model, brainstate.nn.Module):
+            raise ConfigError("model.factory", f"{cfg.factory}() returned type {type(model).__name__}, "
+                              "not a brainstate.nn.Module")
+        return model
+    if cfg.stack == "rotation":
+        return Rotations(cfg.n_in, cfg.n_hidden, seed=cfg.seed)
+    if cfg.stack == "reservoir":
+        r = reservoir or ReservoirConfig()
+        return Reservoir(cfg.n_in, cfg.n_hidden, leak=r.leak, spectral_radius=r.spectral_radius,
+                         input_scaling=r.input_scaling, bias_scaling=r.bias_scaling, density=r.density,
+                         seed=cfg.seed)
+    return Stack(cfg.stack, cfg.n_in, cfg.n_hidden, cfg.n_out, readout=cfg.readout or None, seed=cfg.seed)
 
 
 def set_precision(bits: int):

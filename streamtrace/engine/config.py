@@ -1,7 +1,6 @@
 """Engine configuration: a TOML file whose every key has a default that just works."""
 from __future__ import annotations
 
-import importlib
 import ipaddress
 import math
 import re
@@ -10,7 +9,7 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
-__all__ = ["EngineConfig", "load_config", "build_model", "ConfigError"]
+__all__ = ["EngineConfig", "load_config", "ConfigError"]
 
 
 class ConfigError(ValueError):
@@ -588,36 +587,3 @@ def _default_learner(cfg: EngineConfig, given: set):
                     value = cfg.learning.mode == "forecast"
                 setattr(getattr(cfg, section), key, value)
 
-
-def build_model(cfg: ModelConfig, reservoir: ReservoirConfig | None = None):
-    """The configured model: a built-in stack, a reservoir, or the user's ``module:function``."""
-    from ..nn import Reservoir, Rotations, Stack
-    if cfg.factory:
-        mod_name, _, fn_name = cfg.factory.partition(":")
-        if not mod_name or not fn_name:
-            raise ConfigError("model.factory", f"{cfg.factory!r}: write it as 'package.module:function'")
-        try:
-            fn = getattr(importlib.import_module(mod_name), fn_name)
-        except (ImportError, AttributeError) as e:
-            raise ConfigError("model.factory", f"{cfg.factory!r}: {e}") from None
-        except Exception as e:  # noqa: BLE001 - the module's own import code failed
-            raise ConfigError("model.factory", f"importing {mod_name!r} raised {type(e).__name__}: {e}") from None
-        if not callable(fn):
-            raise ConfigError("model.factory", f"{cfg.factory!r} is not a function (type {type(fn).__name__})")
-        try:
-            model = fn()
-        except Exception as e:  # noqa: BLE001 - the user's code: name it, no traceback
-            raise ConfigError("model.factory", f"{cfg.factory}() raised {type(e).__name__}: {e}") from None
-        import brainstate
-        if not isinstance(model, brainstate.nn.Module):
-            raise ConfigError("model.factory", f"{cfg.factory}() returned type {type(model).__name__}, "
-                              "not a brainstate.nn.Module")
-        return model
-    if cfg.stack == "rotation":
-        return Rotations(cfg.n_in, cfg.n_hidden, seed=cfg.seed)
-    if cfg.stack == "reservoir":
-        r = reservoir or ReservoirConfig()
-        return Reservoir(cfg.n_in, cfg.n_hidden, leak=r.leak, spectral_radius=r.spectral_radius,
-                         input_scaling=r.input_scaling, bias_scaling=r.bias_scaling, density=r.density,
-                         seed=cfg.seed)
-    return Stack(cfg.stack, cfg.n_in, cfg.n_hidden, cfg.n_out, readout=cfg.readout or None, seed=cfg.seed)

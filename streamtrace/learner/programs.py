@@ -171,32 +171,34 @@ class Programs:
         (buffers, status, loss, applied); status 0: applied, else ``labels.LABEL_CODES`` and the
         state is unchanged. The buffers are donated (the ring is written in place), but for the
         fixed weights (a slot bank shares them between slots)."""
-        f = self.layout.fixed_from
+        def build():      # compiled once; the wrapper too (a label message calls it every time)
+            f = self.layout.fixed_from
 
-        def run(buffers, i, age, y):
-            state = self.layout.unpack(buffers)
-            if not self.per_slot:
-                state, status, loss, applied = apply_label(self.fns, state, i, age, y)
-                return self.layout.pack(state), status, loss, applied
-            one = jax.tree_util.tree_map(lambda a: a[i], state)
-            one, status, loss, applied = apply_label(self.fns, one, 0, age, y)
-            # written back: what a label changes (not the slot's ring of gradients)
-            put = lambda a, b: jax.tree_util.tree_map(lambda a, b: a.at[i].set(b), a, b)
-            moved = {k: put(state[k], one[k]) for k in MOVING if k in state}
-            labels = {**state["labels"], "state": put(state["labels"]["state"], one["labels"]["state"])}
-            return self.layout.pack({**state, **moved, "labels": labels}), status, loss, applied
+            def run(buffers, i, age, y):
+                state = self.layout.unpack(buffers)
+                if not self.per_slot:
+                    state, status, loss, applied = apply_label(self.fns, state, i, age, y)
+                    return self.layout.pack(state), status, loss, applied
+                one = jax.tree_util.tree_map(lambda a: a[i], state)
+                one, status, loss, applied = apply_label(self.fns, one, 0, age, y)
+                # written back: what a label changes (not the slot's ring of gradients)
+                put = lambda a, b: jax.tree_util.tree_map(lambda a, b: a.at[i].set(b), a, b)
+                moved = {k: put(state[k], one[k]) for k in MOVING if k in state}
+                labels = {**state["labels"], "state": put(state["labels"]["state"], one["labels"]["state"])}
+                return self.layout.pack({**state, **moved, "labels": labels}), status, loss, applied
 
-        def split(changing, fixed, i, age, y):      # fixed weights neither donated nor returned
-            buffers, *rest = run(changing + fixed, i, age, y)
-            return (buffers[:f], *rest)
-        compiled = self._program("label", lambda: jax.jit(split, donate_argnums=(0,)).lower(
-            self.avals[:f], self.avals[f:], np.int32(0), np.int32(0),
-            jax.ShapeDtypeStruct(self.out_shape, self.y_dtype)).compile())
+            def split(changing, fixed, i, age, y):      # fixed weights neither donated nor returned
+                buffers, *rest = run(changing + fixed, i, age, y)
+                return (buffers[:f], *rest)
+            compiled = jax.jit(split, donate_argnums=(0,)).lower(
+                self.avals[:f], self.avals[f:], np.int32(0), np.int32(0),
+                jax.ShapeDtypeStruct(self.out_shape, self.y_dtype)).compile()
 
-        def call(buffers, i, age, y):
-            out, *rest = compiled(buffers[:f], buffers[f:], i, age, y)
-            return (out + buffers[f:], *rest)
-        return call
+            def call(buffers, i, age, y):
+                out, *rest = compiled(buffers[:f], buffers[f:], i, age, y)
+                return (out + buffers[f:], *rest)
+            return call
+        return self._program("label", build)
 
     def predict(self, key=None):
         """The prediction-only twin of the program ``key`` (None: ``step()``, ("loop", k) or
