@@ -80,6 +80,82 @@ def test_lease_compare_and_set_fences_a_stale_owner(server):
     asyncio.run(asyncio.wait_for(main(), 60))
 
 
+def test_a_worker_leaving_after_a_broker_restart_releases_every_lease_it_holds(server):
+    """Leaving just after a broker restart: the last commit failed (its lease write landed, the
+    answer was lost), the first release's answer is lost too, and a takeover whose answer was
+    lost left this worker's name on a lease it never held. Every lease naming it ends released,
+    partition 0 with a final checkpoint of its state; the one another owner took stays theirs."""
+    import nats.errors
+
+    from streamtrace.cluster.lease import LeaseTable, lease_key
+    from streamtrace.cluster.owner import PartitionOwner
+    from streamtrace.cluster.worker import COUNTERS, Worker
+    from streamtrace.engine.metrics import Metrics
+
+    class Stepper:             # the partition's state as bytes: all a hand-over's checkpoint needs
+        def snapshot(self, names, seq, extra):
+            return f"state@{seq}".encode()
+
+        def drop(self, names):
+            pass
+
+    def value(owner, epoch):
+        return json.dumps({"owner": owner, "epoch": epoch, "ckpt": None, "seq": 0}).encode()
+
+    async def main():
+        nc = await L.connect(server.url)
+        js = nc.jetstream()
+        await L.ensure_log(js, 4)
+        kv = await js.key_value(L.LEASES)
+        w = Worker(server.url, None, wid="w", lease_ttl_s=1.5, partitions=4)
+        w.nc, w.js, w.P, w.stepper, w.metrics = nc, js, 4, Stepper(), Metrics()
+        for name in COUNTERS:
+            w.metrics.counters.setdefault(name, 0)
+        w.leases = LeaseTable(kv, "w", 1.5)
+        w.workers_kv, w.objects = await js.key_value(L.WORKERS), await js.object_store(L.CHECKPOINTS)
+        stopped = asyncio.get_running_loop().create_future()
+        stopped.set_result(None)                       # the owners' run() returned
+
+        lease0 = await w.leases.try_acquire(0)
+        o0 = PartitionOwner(w, lease0)
+        o0.applied = o0.answered = 7                   # 7 steps since the last committed checkpoint
+        await kv.update(lease_key(0), value("w", 1), last=lease0.revision)     # the commit that landed
+
+        async def answer_lost():
+            raise nats.errors.TimeoutError
+        o0.commit = asyncio.ensure_future(answer_lost())
+        release, calls = w.leases.release, []
+
+        async def first_answer_lost(lease, *a, **kw):
+            await release(lease, *a, **kw)
+            calls.append(lease.partition)
+            if len(calls) == 1:
+                raise nats.errors.TimeoutError
+        w.leases.release = first_answer_lost
+
+        lease1 = await w.leases.try_acquire(1)
+        await kv.update(lease_key(1), value("x", 2), last=lease1.revision)     # x took it over
+        await w.leases.try_acquire(2)                  # named, never held
+        w.owners = {0: (o0, stopped), 1: (PartitionOwner(w, lease1), stopped)}
+        t0 = time.monotonic()
+        await w._leave()
+        took = time.monotonic() - t0
+
+        nc = await L.connect(server.url)
+        js = nc.jetstream()
+        kv, obj = await js.key_value(L.LEASES), await js.object_store(L.CHECKPOINTS)
+        leases = {k: json.loads((await kv.get(lease_key(k))).value) for k in range(3)}
+        final = (await obj.get(leases[0]["ckpt"])).data if leases[0]["ckpt"] else None
+        await nc.close()
+        return w.metrics.counters, leases, final, took
+
+    counters, leases, final, took = asyncio.run(asyncio.wait_for(main(), 60))
+    assert [(v["owner"], v["epoch"]) for v in leases.values()] == [("", 1), ("x", 2), ("", 1)], leases
+    assert (leases[0]["ckpt"], leases[0]["seq"], final) == ("p0.e1.s7", 7, b"state@7")
+    assert (counters["released"], counters["leases_lost"]) == (1, 1)
+    assert took < 5.0                  # retried while the broker did not answer, not waited out
+
+
 def test_log_partitions_by_subject_transform(server):
     async def main():
         nc = await L.connect(server.url)

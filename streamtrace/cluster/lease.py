@@ -101,13 +101,30 @@ class LeaseTable:
         from nats.js.errors import KeyWrongLastSequenceError
         ckpt_t = time.time() if ckpt != lease.ckpt else lease.ckpt_t
         val = {"owner": owner, "epoch": lease.epoch, "ckpt": ckpt, "seq": seq, "t": time.time(), "ckpt_t": ckpt_t}
-        sent = self.clock()
-        try:
-            lease.revision = await self.kv.update(lease_key(lease.partition), json.dumps(val).encode(),
-                                                  last=lease.revision)
-        except KeyWrongLastSequenceError:
+        for _ in range(3):
+            sent = self.clock()
+            try:
+                lease.revision = await self.kv.update(lease_key(lease.partition), json.dumps(val).encode(),
+                                                      last=lease.revision)
+                break
+            except KeyWrongLastSequenceError:
+                pass
+            # Refused. A write of ours whose answer was lost (the broker died after storing it, or
+            # stored it after we had timed out) also moves the revision on. Only this worker writes
+            # its own name at this epoch (a takeover writes a new epoch, a release owner ""), so a
+            # lease that still reads so is ours: write again on its revision. Anything else: taken over.
+            rev, cur = await self.read(lease.partition)
+            now_at = (cur["owner"], cur["epoch"]) if cur else None
+            if owner == "" and now_at == ("", lease.epoch):
+                lease.revision = rev                  # our own release got through
+                break
+            if now_at != (self.worker, lease.epoch) or rev == lease.revision:
+                lease.valid_until = 0.0
+                raise LeaseLost(f"partition {lease.partition}: lease (epoch {lease.epoch}) was taken over")
+            lease.revision = rev
+        else:
             lease.valid_until = 0.0
-            raise LeaseLost(f"partition {lease.partition}: lease (epoch {lease.epoch}) was taken over") from None
+            raise LeaseLost(f"partition {lease.partition}: lease (epoch {lease.epoch}) kept moving under its owner")
         lease.valid_until = sent + SAFETY * self.ttl
         lease.ckpt, lease.seq, lease.ckpt_t = ckpt, seq, ckpt_t
 
@@ -119,3 +136,23 @@ class LeaseTable:
         """Hand the partition back (owner ""), with the final checkpoint. Raises LeaseLost."""
         await self._write(lease, "", ckpt, seq)
         lease.valid_until = 0.0
+
+    async def release_named(self, partitions) -> list[int]:
+        """Release every lease among ``partitions`` that still names this worker, as it stands
+        (its committed checkpoint kept). Only for a worker that holds no lease any more: a
+        takeover whose answer was lost, or a release that never got through, left its name there."""
+        from nats.js.errors import KeyWrongLastSequenceError
+        released = []
+        for k in partitions:
+            while True:
+                rev, val = await self.read(k)
+                if val is None or val["owner"] != self.worker:
+                    break
+                try:
+                    await self.kv.update(lease_key(k), json.dumps(dict(val, owner="", t=time.time())).encode(),
+                                         last=rev)
+                    released.append(k)
+                    break
+                except KeyWrongLastSequenceError:
+                    continue              # written meanwhile (a late write of ours, or a takeover): look again
+        return released

@@ -37,6 +37,7 @@ class PartitionOwner:
         self.w, self.lease, self.k = worker, lease, lease.partition
         self.names: set[str] = set()
         self.applied = 0          # last log sequence applied to the in-memory state
+        self.answered = 0         # last log sequence whose answer went out (or the loaded state covers)
         self.last_msg = None      # the newest applied message (AckAll acks everything up to it)
         self.since_ckpt, self.t_ckpt = 0, time.monotonic()
         self.psub, self.consumer = None, None
@@ -53,6 +54,7 @@ class PartitionOwner:
             raw = (await w.objects.get(lease.ckpt)).data
             self.applied, names = w.stepper.restore(raw, f"checkpoint {lease.ckpt}")
             self.names = set(names)
+        self.answered = self.applied
         w.count("restores")
         await self._subscribe()
 
@@ -151,6 +153,7 @@ class PartitionOwner:
         subject = L.out_subject(stream) if kind == "pred" else L.err_subject(stream)
         await self.w.nc.publish(subject, body, headers={"St-Epoch": str(self.lease.epoch), "St-Worker": self.w.id,
                                                          "St-Partition": str(self.k), "St-Log-Seq": str(seq)})
+        self.answered = seq
         self.w.count("published" if kind == "pred" else "refused")
 
     # ---- durability ---------------------------------------------------------------------
@@ -200,17 +203,37 @@ class PartitionOwner:
         except Exception:  # noqa: BLE001 - a leftover object costs space, not correctness
             pass
 
-    async def release(self):
+    async def release(self, deadline: float | None = None):
         """Graceful hand-over (after ``run`` returned): the final checkpoint, the lease
-        released, the slots freed."""
+        released, the slots freed. Broker errors (a restart's timeouts, no responders) are
+        retried until ``deadline`` (monotonic; None: one try), then raised; LeaseLost (another
+        owner holds it) is raised at once."""
         try:
-            if not self.lost:
-                await self._settle()
-                if self.since_ckpt:
-                    await self.checkpoint()
-                await self.w.leases.release(self.lease)
-                self.w.count("released")
+            await self._settle(quietly=True)      # a commit that failed is redone by the final checkpoint
+            while not self.lost:
+                try:
+                    left = None if deadline is None else deadline - time.monotonic()
+                    await asyncio.wait_for(self._hand_over(), left)
+                    self.w.count("released")
+                    return
+                except LeaseLost:
+                    self.lost = True
+                    raise
+                except Exception as e:  # noqa: BLE001 - broker away or restarting: the lease is still ours
+                    if deadline is None or time.monotonic() + 0.2 >= deadline:
+                        raise
+                    log.info("partition %d: release failed (%s: %s); retrying", self.k, type(e).__name__, e)
+                    await asyncio.sleep(0.2)
         finally:
             await self._unsubscribe()
             self.w.stepper.drop(self.names)
             self.names = set()
+
+    async def _hand_over(self):
+        # the final checkpoint only when the state is ahead of the committed one and every step in
+        # it was answered (an answer withheld mid-step is left for the successor's replay)
+        if self.applied > self.lease.seq and self.answered == self.applied:
+            if not self.lease.valid(time.monotonic()):
+                await self.w.leases.renew(self.lease)     # CAS: succeeds only if nobody took over
+            await self.checkpoint()
+        await self.w.leases.release(self.lease)

@@ -41,13 +41,14 @@ class Worker:
     def __init__(self, url: str, cfg, *, creds: L.Credentials | None = None, lease_ttl_s: float = 2.0,
                  heartbeat_s: float = 0.5, ckpt_every: int = 200, ckpt_interval_s: float = 1.0,
                  poll_s: float = 0.25, partitions: int | None = None, wid: str | None = None,
-                 prometheus_port: int = 0):
+                 prometheus_port: int = 0, leave_timeout_s: float = 10.0):
         self.url, self.creds, self.partitions = url, creds, partitions
         self.cfg, self.stepper = cfg, None
         self.id = wid or worker_id()
         self.lease_ttl, self.heartbeat_s, self.poll_s = lease_ttl_s, heartbeat_s, poll_s
         self.renew_margin = lease_ttl_s * 0.6     # renew once the validity left is below this
         self.ckpt_every, self.ckpt_interval_s = ckpt_every, ckpt_interval_s
+        self.leave_timeout_s = leave_timeout_s     # how long leaving retries its releases (then: the ttl)
         self.owners: dict[int, tuple[PartitionOwner, asyncio.Task]] = {}
         self.seen_workers: dict[str, tuple[int, float]] = {}
         self.prometheus_port = prometheus_port
@@ -107,9 +108,26 @@ class Worker:
             self.stop_event.set()
 
     async def _leave(self):
-        """SIGTERM: checkpoint and release every partition, then leave the membership."""
+        """SIGTERM: checkpoint and release every partition, then leave the membership. After a
+        broker restart the releases are retried until the broker answers (``leave_timeout_s`` at
+        most; what is left then expires by the ttl), and any lease that still names this worker
+        (a write whose answer was lost landed after all) is released as it stands."""
+        deadline = time.monotonic() + self.leave_timeout_s
         for k in list(self.owners):
-            await self._drop(k)
+            await self._drop(k, deadline)
+        while True:
+            try:
+                strays = await asyncio.wait_for(self.leases.release_named(range(self.P)),
+                                                max(deadline - time.monotonic(), 0.01))
+                if strays:
+                    log.info("worker %s: released partitions %s it no longer held", self.id, strays)
+                break
+            except Exception as e:  # noqa: BLE001 - broker still away: retry until the deadline
+                if time.monotonic() + 0.2 >= deadline:
+                    log.warning("worker %s: leases not checked on leaving (%s: %s); they expire by the ttl",
+                                self.id, type(e).__name__, e)
+                    break
+                await asyncio.sleep(0.2)
         try:
             await self.workers_kv.delete(self.id)
         except Exception:  # noqa: BLE001 - the heartbeat then simply goes silent
@@ -162,12 +180,12 @@ class Worker:
                 self.count("leases_taken")
                 log.info("worker %s owns partition %d (epoch %d, from seq %d)", self.id, k, lease.epoch, owner.applied)
 
-    async def _drop(self, k: int):
+    async def _drop(self, k: int, deadline: float | None = None):
         owner, task = self.owners.pop(k)
         owner.stopping = True
         await task
         try:
-            await owner.release()
+            await owner.release(deadline)
         except LeaseLost:
             self.count("leases_lost")
         except Exception as e:  # noqa: BLE001 - the lease then expires and a successor replays from the last commit
