@@ -255,7 +255,10 @@ class OnlineLearner:
         """Current weights, ``{parameter name: numpy array}`` (per-slot weights: slot axis first)."""
         named = self.layout.to_named(self.buffers, prefix="params")
         store = self.fns.store
-        stored = store.from_named(named)
+        if store.separate:
+            stored = {k[len("params."):]: v for k, v in named.items()}
+        else:
+            stored = named["params"] if store.groups is None else {g: named[f"params.{g}"] for g in store.layouts}
         if not self.per_slot:
             return {k: np.asarray(v) for k, v in store.unpack(stored).items()}
         per = [store.unpack(jax.tree_util.tree_map(lambda a: a[i], stored)) for i in range(self.n)]

@@ -115,26 +115,21 @@ class ParamStore:
         else:
             self.members = groups.assign(sorted(params))
             self.layouts = {g: Layout({n: params[n] for n in ns}) for g, ns in self.members.items()}
-        # a frozen group's weights are arrays of their own too ({group: {name: array}}): a
-        # matmul would otherwise copy its weight out of the group's block every step (the
-        # default's 200 x 200 reservoir weight: ~45 us of a ~270 us step)
         self.frozen = [] if groups is None else [g for g in self.members if groups.groups[g][1] is None]
 
     def fixed_leaves(self, names, frozen: bool) -> list[str]:
         """Which of the state's leaves (``names``) hold weights no step changes: all the
-        weights of a ``frozen`` model, else the weights of the frozen groups."""
+        weights of a ``frozen`` model, else the blocks of the frozen groups."""
         if frozen:
             return [n for n in names if n == "params" or n.startswith("params.")]
-        return [f"params.{g}.{n}" for g in self.frozen for n in self.members[g] if f"params.{g}.{n}" in names]
+        return [f"params.{g}" for g in self.frozen if f"params.{g}" in names]
 
     def pack(self, params: dict):
         if self.separate:
             return dict(params)
         if self.groups is None:
             return self.layouts[None].pack(params)[0]
-        return {g: ({n: params[n] for n in self.members[g]} if g in self.frozen
-                    else lay.pack({n: params[n] for n in self.members[g]})[0])
-                for g, lay in self.layouts.items()}
+        return {g: lay.pack({n: params[n] for n in self.members[g]})[0] for g, lay in self.layouts.items()}
 
     def unpack(self, stored) -> dict:
         if self.separate:
@@ -143,25 +138,15 @@ class ParamStore:
             return self.layouts[None].unpack((stored,))
         out = {}
         for g, lay in self.layouts.items():
-            out.update(stored[g] if g in self.frozen else lay.unpack((stored[g],)))
+            out.update(lay.unpack((stored[g],)))
         return out
-
-    def from_named(self, named: dict):
-        """The stored weights from the state's named leaves (``params...``)."""
-        if self.separate:
-            return {k[len("params."):]: v for k, v in named.items() if k.startswith("params.")}
-        if self.groups is None:
-            return named["params"]
-        return {g: ({n: named[f"params.{g}.{n}"] for n in self.members[g]} if g in self.frozen
-                    else named[f"params.{g}"]) for g in self.layouts}
 
     def optimizer(self, base: optax.GradientTransformation | None):
         if self.groups is None:
             return base
         txs = {g: (optax.set_to_zero() if self.groups.groups[g][1] is None else self.groups.groups[g][1])
                for g in self.members}
-        labels = {g: ({n: g for n in self.members[g]} if g in self.frozen else g) for g in self.members}
-        return optax.multi_transform(txs, labels)
+        return optax.multi_transform(txs, {g: g for g in self.members})
 
     def block_of(self, name: str, shape: tuple):
         """The group layout a state leaf holds a block of (by its name's last part), or None."""
@@ -171,5 +156,5 @@ class ParamStore:
             lay = self.layouts[None]
             return (None, lay) if tuple(shape[-2:]) == lay.shapes[0] else None
         g = name.rsplit(".", 1)[-1]
-        lay = None if g in self.frozen else self.layouts.get(g)
+        lay = self.layouts.get(g)
         return (g, lay) if lay is not None and tuple(shape[-2:]) == lay.shapes[0] else None
