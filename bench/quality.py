@@ -360,6 +360,8 @@ def _flat(d, prefix=""):
 
 
 def main(argv=None):
+    from streamtrace.learner.dispatch import inline_dispatch
+    inline_dispatch()       # as `streamtrace evaluate` runs: every jax step on the calling thread
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="1,500 steps, one seed, the first entry of each grid")
     ap.add_argument("--tasks", nargs="+", default=TASKS)

@@ -272,7 +272,9 @@ class Progress:
 def run_cli(args) -> int:
     """``streamtrace evaluate``: the table, then one JSON line (the last line of stdout)."""
     from .engine.config import ConfigError
+    from .learner.dispatch import inline_dispatch
     from .tasks import TaskError
+    inline_dispatch()       # each step is awaited at once: no hand-off to jax's worker thread
     try:
         task = get_task(args.task, args.steps, args.seed)
         r = evaluate(task, args.config, window=args.window, seed=args.seed,

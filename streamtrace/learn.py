@@ -11,8 +11,10 @@ def run_cli(args) -> int:
     import numpy as np
 
     from .learner import OnlineLearner, adam
+    from .learner.dispatch import inline_dispatch
     from .nn import Stack
 
+    inline_dispatch()       # each step is awaited at once (learner/dispatch.py)
     series = two_tone(0, args.steps + 1)
     learner = OnlineLearner(Stack(args.model, 1, args.hidden, 1), np.zeros(1, np.float32), mode="forecast",
                             algorithm=args.algorithm, optimizer=adam(args.lr))

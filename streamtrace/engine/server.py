@@ -18,6 +18,7 @@ import zmq
 import zmq.auth
 
 from ..learner.checkpoint import CheckpointError
+from ..learner.dispatch import inline_dispatch
 from .config import ConfigError, EngineConfig
 from .compile_cache import disable as disable_compile_cache, enable as enable_compile_cache, resolve
 from .core import EngineCore
@@ -60,8 +61,7 @@ class Engine:
         if cfg.engine.cpu >= 0:
             os.sched_setaffinity(0, {cfg.engine.cpu})
         if cfg.engine.sync_dispatch:
-            import jax
-            jax.config.update("jax_cpu_enable_async_dispatch", False)
+            inline_dispatch()
         self.cache_dir = open_compile_cache(cfg.engine.compile_cache_dir)
         self.core = EngineCore(cfg)
         # a restart loads its step programs whole, without tracing them (executables.py)
