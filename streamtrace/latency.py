@@ -193,6 +193,9 @@ def _run_config(args) -> int:
         return 2
     try:
         cfg = load_config(args.config)
+        if cfg.engine.sync_dispatch:      # the step as serve runs it: on the calling thread
+            from .learner.dispatch import inline_dispatch
+            inline_dispatch()
         result = bench_config(cfg, iters=args.iters, e2e=args.e2e, e2e_steps=args.steps, config_path=args.config)
     except ConfigError as e:
         print("config error: " + " ".join(str(e).split()), file=sys.stderr)
