@@ -178,6 +178,7 @@ class ReplayResult:
     nrmse: float = math.nan
     mae: float = math.nan
     persistence_nrmse: float = math.nan
+    nrmse_all: float = math.nan                 # over every scored step (nrmse: the last ``window``)
     note: str = ""                              # why metrics are missing, when they are
 
     def summary(self) -> dict:
@@ -186,7 +187,7 @@ class ReplayResult:
                 "steps": self.answered, "scored": 0 if self.scored_targets is None else len(self.scored_targets),
                 "bad_rows": len(self.bad_rows), "refused": dict(self.refused), "nrmse": clean(self.nrmse),
                 "mae": clean(self.mae), "persistence_nrmse": clean(self.persistence_nrmse),
-                "seconds": round(self.seconds, 3)}
+                "nrmse_all": clean(self.nrmse_all), "seconds": round(self.seconds, 3)}
 
 
 def _score(result: ReplayResult, rows: Rows, window: int):
@@ -209,13 +210,14 @@ def _score(result: ReplayResult, rows: Rows, window: int):
     result.mae = mae(pred, target, w)
     try:
         result.nrmse, result.persistence_nrmse = nrmse(pred, target, w), nrmse(last, target, w)
+        result.nrmse_all = nrmse(pred, target, len(target))
     except ValueError as e:            # a constant target: NRMSE is undefined, MAE still stands
         result.note = str(e)
 
 
 def replay(path: str | Path, endpoint: str = DEFAULT_ENDPOINT, *, stream: str | None = None, columns=None,
            target_columns=None, time_column: str | None = None, rate: float | None = None,
-           realtime: bool = False, window: int = 0, timeout_s: float = 60.0, progress: bool = False,
+           realtime: bool = False, window: int = 1000, timeout_s: float = 60.0, progress: bool = False,
            nats: str | None = None, creds=None) -> ReplayResult:
     """Send every good row of ``path`` to the engine at ``endpoint`` and score its answers.
     With ``target_columns`` the rows carry ``y`` (the engine must be in supervised mode).
@@ -296,8 +298,12 @@ def _report(r: ReplayResult) -> str:
     if len(r.bad_rows) > SHOWN_BAD_ROWS:
         lines.append(f"  ... and {len(r.bad_rows) - SHOWN_BAD_ROWS} more bad rows")
     if r.scored_targets is not None:
-        lines.append(f"prequential over {len(r.scored_targets)} steps: NRMSE {r.nrmse:.5g}  MAE {r.mae:.5g}  "
+        n, total = len(r.scored_targets), len(r.predictions) - 1
+        over = f"the last {n} of {total} steps (as evaluate scores)" if n < total else f"{n} steps"
+        lines.append(f"prequential over {over}: NRMSE {r.nrmse:.5g}  MAE {r.mae:.5g}  "
                      f"persistence NRMSE {r.persistence_nrmse:.5g}")
+        if n < total:       # the whole run, learning from scratch included
+            lines.append(f"prequential over all {total} steps: NRMSE {r.nrmse_all:.5g}")
     if r.note:
         lines.append("note: " + r.note)
     return "\n".join(lines)

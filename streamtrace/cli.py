@@ -138,7 +138,7 @@ def main(argv=None) -> int:
     pace = p.add_mutually_exclusive_group()
     pace.add_argument("--rate", type=float, default=None, help="rows per second (default: as fast as possible)")
     pace.add_argument("--realtime", action="store_true", help="pace by the time column's steps")
-    p.add_argument("--window", type=int, default=0, help="score the last W steps (0: all)")
+    p.add_argument("--window", type=int, default=1000, help="score the last W steps, as evaluate does (0: all)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for one answer")
     p.add_argument("--plot", default="", help="write a PNG of predictions against targets")
     p.add_argument("--out", default="", help="write every prediction with its row (.csv, or .npy)")

@@ -165,6 +165,43 @@ def test_supervised_scoring_pairs_each_answer_with_its_own_row(tmp_path, monkeyp
     assert r.persistence_nrmse == pytest.approx(np_nrmse(y[:-1, None], target), rel=1e-12)
 
 
+def test_the_default_window_scores_as_evaluate_does_and_the_whole_run_is_shown_too(tmp_path, monkeypatch):
+    """By default the last 1,000 steps are scored (as ``streamtrace evaluate`` scores), so the two
+    commands agree on the same learner; the whole run's NRMSE, learning from scratch included,
+    is reported beside it. Answers are a known function of the row (a fake engine)."""
+    from streamtrace.adapters.replay import _report
+    n = 1500
+    x = np.sin(0.05 * np.arange(n)) + 0.001 * np.arange(n)
+    path = tmp_path / "long.csv"
+    path.write_text("x\n" + "".join(f"{float(a)!r}\n" for a in x))
+
+    class Fake:
+        def __init__(self, *a, **k):
+            self.k = 0
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+        def step(self, xs, ys=None):       # a forecast that starts poor and gets better
+            self.k += 1
+            return type("R", (), {"pred": np.array([xs[0] + (1.0 if self.k < 500 else 0.01)])})()
+
+    monkeypatch.setattr("streamtrace.adapters.replay.SensorClient", Fake)
+    r = replay(path, "ipc:///nowhere", columns=["x"])
+    pred = x[:-1, None] + np.where(np.arange(1, n) < 500, 1.0, 0.01)[:, None]
+    target = x[1:, None]
+    assert len(r.scored_targets) == 1000
+    assert r.nrmse == pytest.approx(np_nrmse(pred[-1000:], target[-1000:]), rel=1e-12)
+    assert r.nrmse_all == pytest.approx(np_nrmse(pred, target), rel=1e-12)
+    assert r.nrmse_all > 10 * r.nrmse
+    text = _report(r)
+    assert "the last 1000 of 1499 steps" in text and f"all 1499 steps: NRMSE {r.nrmse_all:.5g}" in text
+    assert replay(path, "ipc:///nowhere", columns=["x"], window=0).nrmse == pytest.approx(r.nrmse_all, rel=1e-12)
+
+
 # ---- reading and choosing rows (no engine) -----------------------------------------------------------
 def test_default_columns_skip_text_time_and_targets(tmp_path):
     path = tmp_path / "f.csv"
