@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +36,7 @@ def main(argv=None):
 
     from streamtrace.engine.build import build_learner
     from streamtrace.evaluate import default_config, task_config
+    from streamtrace.latency import percentiles, timed
     from streamtrace.tasks import get_task
     unknown = [c for c in args.configs if c not in CONFIGS]
     if unknown:
@@ -57,13 +57,10 @@ def main(argv=None):
     p99 = {n: [] for n in learners}
     for _ in range(args.rounds):
         for name, learner in learners.items():
-            ts = np.empty(args.steps)
-            for j, i in enumerate(range(warm, warm + args.steps)):
-                t = time.perf_counter()
-                learner.step(xs[i])
-                ts[j] = time.perf_counter() - t
-            med[name].append(np.median(ts) * 1e6)
-            p99[name].append(np.percentile(ts, 99) * 1e6)
+            inputs = iter(xs[warm:warm + args.steps])
+            p = percentiles(timed(lambda: learner.step(next(inputs)), args.steps))
+            med[name].append(p["p50"])
+            p99[name].append(p["p99"])
     base = np.array(med[args.configs[0]])
     print(f"# {machine_line()}; {'pinned to CPU %d' % args.pin if args.pin is not None else 'unpinned'}; "
           f"{args.rounds} rounds of {args.steps} steps")
