@@ -9,7 +9,7 @@ import zmq
 from streamtrace.adapters import SensorClient
 from streamtrace.engine import load_config
 from streamtrace.engine.server import Engine
-from streamtrace.engine.spin import IDLE_MS, BusyPoll
+from streamtrace.engine.spin import IDLE_MS, SHORT_US, BusyPoll
 
 
 def test_window_after_traffic():
@@ -18,6 +18,21 @@ def test_window_after_traffic():
     b.busy(10.0)
     assert b.timeout_ms(10.0009, pending=False) == 0 and b.active(10.0009)
     assert b.timeout_ms(10.0011, pending=False) == IDLE_MS and not b.active(10.0011)
+    assert b.timeout_ms(99.0, pending=True) == 0               # queued work never waits
+
+
+def test_polls_through_gaps_up_to_the_window_and_briefly_after_longer_ones():
+    b = BusyPoll(5000, cpus=2)
+    short = SHORT_US / 1e6
+    b.busy(10.0)                      # the first traffic after idle: the short poll only
+    assert b.active(10.0 + 0.9 * short) and not b.active(10.0 + 1.1 * short)
+    b.busy(10.004)                    # 4 ms after the last: the sender is fast, poll the window
+    assert b.active(10.0089) and not b.active(10.0091)
+    b.busy(10.0085)
+    assert b.active(10.0134) and b.timeout_ms(10.0134, pending=False) == 0
+    b.busy(10.030)                    # 21.5 ms later: a slow sender, back to the short poll
+    assert b.active(10.030 + 0.9 * short) and not b.active(10.030 + 1.1 * short)
+    assert b.timeout_ms(10.030 + 1.1 * short, pending=False) == IDLE_MS
     assert b.timeout_ms(99.0, pending=True) == 0               # queued work never waits
 
 

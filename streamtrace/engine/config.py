@@ -141,8 +141,9 @@ class EngineSection:
     max_pending: int = 256        # per stream; beyond it messages are refused as "overloaded"
     max_message_bytes: int = 1 << 20
     cpu: int = -1                 # pin the engine to this CPU (-1: no pinning)
-    busy_poll_us: int = 1000      # after traffic, poll without sleeping this long: no wake-up per
-                                  # message (0: off; never with one CPU; CPU cost: docs/benchmarks.md)
+    busy_poll_us: int = 5000      # a sender at most this far apart finds the loop polling, not
+                                  # asleep: no wake-up per message (0: off; never with one CPU; a
+                                  # 200 Hz+ sensor keeps one CPU busy: engine/spin.py)
     reply_first: bool = True      # when nothing else waits, send a one-step call's replies before
                                   # its update runs, where the prediction does not depend on it
                                   # (supervised; forecast with learning.forecast_before_update)
