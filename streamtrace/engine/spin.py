@@ -5,11 +5,11 @@ A blocked poll costs a wake-up per message (the kernel's scheduler, an idle vCPU
 cold caches for the Python that reads, steps and replies); polling on after a message cut a
 one-sensor round trip's median nearly in half (one GRU-64 sensor over ipc). It pays only if
 the next message comes while the loop still polls: a sensor sending every 2 ms met an engine
-that had polled for 1 ms and gone to sleep, and paid the wake-up anyway (p50 1.75-2.53x the
-bare echo). So the window is measured against the sender: after traffic that came at most
-``spin_us`` after the traffic before it, the loop polls for ``spin_us`` and a steady sender
-never finds it asleep (the same sensor 0.93-1.69x, docs/benchmarks.md); after a longer gap (or
-the first message after idle) it polls for ``SHORT_US`` only, as before.
+that had polled for 1 ms and gone to sleep, and paid the wake-up anyway (p50 2.19x the bare
+echo's, p99 3.73x). So the window is measured against the sender: after traffic that came at
+most ``spin_us`` after the traffic before it, the loop polls for ``spin_us`` and a steady
+sender never finds it asleep (the same sensor 1.49x, p99 2.16x: bench/poll_window.py); after
+a longer gap (or the first message after idle) it polls for ``SHORT_US`` only, as before.
 
 The cost is CPU time while traffic flows: a sender at least every ``spin_us`` keeps one CPU
 busy, a slower one ~``SHORT_US`` per message, an idle engine none; each empty poll yields
