@@ -26,7 +26,7 @@ import numpy as np
 
 from results_file import write_section
 from streamtrace.launch import start_echo, start_engine, stop, write_config
-from timing import machine_line, percentiles
+from timing import machine_line, paced, percentiles
 
 WARM_S = 7.0     # back-to-back steps first: the engine compiles its other programs meanwhile
 
@@ -42,24 +42,14 @@ def sensor(endpoint, n, period_us, supervised, warm_s, pid=None):
     from streamtrace.adapters import SensorClient
     x = np.zeros(1, np.float32)
     y = x if supervised else None
-    out = np.empty(n)
     with SensorClient(endpoint, stream="bench", timeout_s=30) as c:
         until = time.monotonic() + warm_s
         while time.monotonic() < until:
             c.step(x, y)
         c0, t0 = (cpu_seconds(pid) if pid else 0.0), time.monotonic()
-        nxt = time.perf_counter()
-        for i in range(n):
-            if period_us:
-                nxt += period_us * 1e-6
-                wait = nxt - time.perf_counter()
-                if wait > 0:
-                    time.sleep(wait)
-            start = time.perf_counter()
-            c.step(x, y)
-            out[i] = time.perf_counter() - start
+        out = paced(lambda: c.step(x, y), n, period_us)
         used = (cpu_seconds(pid) - c0) / (time.monotonic() - t0) if pid else 0.0
-    return out * 1e6, used
+    return out, used
 
 
 def main():

@@ -28,7 +28,7 @@ import numpy as np
 
 from results_file import write_section
 from streamtrace.launch import roundtrips, start_echo, start_engine, stop, write_config
-from timing import machine_line, percentiles
+from timing import machine_line, paced, percentiles
 
 WARM_S = 8.0     # the engine compiles its other programs on a thread once traffic starts
 
@@ -47,21 +47,11 @@ def paced_roundtrips(endpoint, n, period_us, x, y, warm_s):
     """A sensor sampling every ``period_us``: each request leaves at its tick (the time until
     then slept), so the engine has that long between messages; round trips in us."""
     from streamtrace.adapters import SensorClient
-    out = np.empty(n)
     with SensorClient(endpoint, stream="bench", timeout_s=30) as c:
         until = time.monotonic() + warm_s
         while time.monotonic() < until:
             c.step(x, y)
-        nxt = time.perf_counter()
-        for i in range(n):
-            nxt += period_us * 1e-6
-            wait = nxt - time.perf_counter()
-            if wait > 0:
-                time.sleep(wait)
-            t0 = time.perf_counter()
-            c.step(x, y)
-            out[i] = time.perf_counter() - t0
-    return out * 1e6
+        return paced(lambda: c.step(x, y), n, period_us)
 
 
 def measure(ep, steps, period_us, x, y, warm_s):
