@@ -6,30 +6,10 @@ from __future__ import annotations
 
 import os
 import platform
-import time
 
-import numpy as np
-
-from streamtrace.latency import percentiles, timed
+from streamtrace.latency import paced, percentiles, timed
 
 __all__ = ["percentiles", "timed", "paced", "pin", "unpin", "cpu_name", "machine_line"]
-
-
-def paced(fn, n: int, period_us: float) -> np.ndarray:
-    """``fn()`` n times, each call at its tick every ``period_us`` (the time until then slept;
-    0: each right after the last, back to back), as a sampling sensor sends; us per call."""
-    out = np.empty(n)
-    nxt = time.perf_counter()
-    for i in range(n):
-        if period_us:
-            nxt += period_us * 1e-6
-            wait = nxt - time.perf_counter()
-            if wait > 0:
-                time.sleep(wait)
-        t0 = time.perf_counter()
-        fn()
-        out[i] = time.perf_counter() - t0
-    return out * 1e6
 
 
 def pin(cpu: int | None):

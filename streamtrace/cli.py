@@ -104,6 +104,8 @@ def main(argv=None) -> int:
     p.add_argument("--e2e", action="store_true", help="with --config: also the end-to-end round trip vs the echo")
     p.add_argument("--iters", type=int, default=1000, help="with --config: timed steps per run")
     p.add_argument("--steps", type=int, default=20000, help="round trips per end-to-end run")
+    p.add_argument("--period-us", type=float, default=0.0, help="end to end: a request every this many "
+                   "microseconds, as a sensor sampling at that rate sends (default 0: back to back)")
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--algorithm", default="d-rtrl")
     p.add_argument("--transports", nargs="+", default=["ipc", "tcp"], choices=["ipc", "tcp"])

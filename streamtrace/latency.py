@@ -25,7 +25,7 @@ from .engine.config import EngineConfig
 from .launch import roundtrips, start_echo, start_engine, stop, write_config
 
 __all__ = ["bench_config", "dispatch_floor", "trace_bytes_per_slot", "format_table", "e2e_roundtrip", "run_cli",
-           "percentiles", "timed"]
+           "percentiles", "timed", "paced"]
 
 ALGORITHMS = ("d-rtrl", "es-d-rtrl")
 E2E_WARM_S = 6.0
@@ -51,6 +51,25 @@ def timed(call, iters: int, warmup: int = 0, max_seconds: float = math.inf):
         if i >= 20 and clock() > stop_at:   # a slow model: fewer samples, not a stalled bench
             break
     return out
+
+
+def paced(call, n: int, period_us: float = 0.0) -> np.ndarray:
+    """``call()`` n times, each at its tick every ``period_us`` (the time until then slept), as
+    a sensor sampling at 1e6 / period_us Hz sends; 0: each right after the last (back to
+    back). Microseconds per call."""
+    out = np.empty(n)
+    clock = time.perf_counter
+    nxt = clock()
+    for i in range(n):
+        if period_us:
+            nxt += period_us * 1e-6
+            wait = nxt - clock()
+            if wait > 0:
+                time.sleep(wait)
+        t0 = clock()
+        call()
+        out[i] = clock() - t0
+    return out * 1e6
 
 
 def dispatch_floor(iters: int = 2000, warmup: int = 200, max_seconds: float = 5.0) -> dict:
@@ -110,7 +129,7 @@ def _one(cfg: EngineConfig, slots: int, iters: int, warmup: int, max_seconds: fl
 
 def bench_config(cfg: EngineConfig, *, algorithms=ALGORITHMS, iters: int = 1000, warmup: int = 100,
                  max_seconds: float = 10.0, e2e: bool = False, e2e_steps: int = 5000,
-                 config_path: str | None = None) -> dict:
+                 config_path: str | None = None, period_us: float = 0.0) -> dict:
     """Every measurement in one run; a dict ready for ``json.dumps`` (times in us / s)."""
     warmup = min(warmup, iters)
     m = cfg.model
@@ -124,12 +143,13 @@ def bench_config(cfg: EngineConfig, *, algorithms=ALGORITHMS, iters: int = 1000,
             except Exception as e:  # noqa: BLE001 - a model one algorithm cannot trace: say so, go on
                 row = {"algorithm": algorithm, "slots": slots, "error": f"{type(e).__name__}: {e}"}
             result["runs"].append(row)
-    result["e2e"] = e2e_roundtrip(cfg, config_path, e2e_steps) if e2e else None
+    result["e2e"] = e2e_roundtrip(cfg, config_path, e2e_steps, period_us) if e2e else None
     return result
 
 
-def e2e_roundtrip(cfg: EngineConfig, config_path: str | None, steps: int) -> dict:
-    """One sensor's round trips over ipc: the engine serving this config, then the echo floor."""
+def e2e_roundtrip(cfg: EngineConfig, config_path: str | None, steps: int, period_us: float = 0.0) -> dict:
+    """One sensor's round trips over ipc: the engine serving this config, then the echo floor;
+    ``period_us``: a request every that many microseconds (0: back to back)."""
     work = Path(tempfile.mkdtemp(prefix="st-bench-", dir="/tmp"))
     sections = tomllib.loads(Path(config_path).read_text()) if config_path else {}
     sections.update(sockets={"router": f"ipc://{work}/engine", "pull": "", "pub": ""},
@@ -138,7 +158,7 @@ def e2e_roundtrip(cfg: EngineConfig, config_path: str | None, steps: int) -> dic
     supervised = cfg.learning.mode == "supervised"
     x = np.zeros(cfg.model.n_in, np.float64 if cfg.model.precision == 64 else np.float32)
     y = np.zeros(cfg.model.n_out, x.dtype) if supervised else None
-    out = {"transport": "ipc", "steps": steps}
+    out = {"transport": "ipc", "steps": steps, "period_us": period_us}
     for server in ("echo", "engine"):
         ep = f"ipc://{work}/{server}"
         proc = start_echo(ep) if server == "echo" else start_engine(write_config(work / "engine.toml", sections))
@@ -146,7 +166,7 @@ def e2e_roundtrip(cfg: EngineConfig, config_path: str | None, steps: int) -> dic
             # warm-up for seconds too: the engine compiles its other programs (busy-slot
             # subsets, micro-batch sizes) 2 s into constant traffic, stalling a few round trips
             lat = roundtrips(ep, steps, None, warmup=min(500, steps), x=x, y=y,
-                              warm_s=0.0 if server == "echo" else E2E_WARM_S)
+                              warm_s=0.0 if server == "echo" else E2E_WARM_S, period_us=period_us)
         finally:
             stop(proc)
         p = percentiles(lat, 1.0)
@@ -158,6 +178,10 @@ def e2e_roundtrip(cfg: EngineConfig, config_path: str | None, steps: int) -> dic
 
 def _kib(n: int) -> str:
     return f"{n / 1024:.1f} KiB" if n < 1 << 20 else f"{n / (1 << 20):.2f} MiB"
+
+
+def _pace(period_us: float) -> str:
+    return f", a request every {period_us:g} us" if period_us else ", back to back"
 
 
 def format_table(r: dict) -> str:
@@ -177,7 +201,7 @@ def format_table(r: dict) -> str:
                      f"{s['p99']:.1f} | {s['p50'] / f['p50']:.1f} | {one} | {_kib(row['trace_bytes_per_slot'])} |")
     e = r.get("e2e")
     if e:
-        lines += ["", f"end to end ({e['transport']}, one sensor, {e['steps']} round trips): engine p50 "
+        lines += ["", f"end to end ({e['transport']}, one sensor, {e['steps']} round trips{_pace(e['period_us'])}): engine p50 "
                   f"{e['engine']['p50']:.0f} us, p99 {e['engine']['p99']:.0f} us; echo p50 {e['echo']['p50']:.0f} us, "
                   f"p99 {e['echo']['p99']:.0f} us; ratio p50 {e['p50_ratio']:.2f}x, p99 {e['p99_ratio']:.2f}x"]
     return "\n".join(lines)
@@ -191,12 +215,15 @@ def _run_config(args) -> int:
     if args.iters < 1 or args.steps < 1:
         print(f"bench: --iters and --steps must be >= 1; got {args.iters}, {args.steps}", file=sys.stderr)
         return 2
+    if not _period_ok(args):
+        return 2
     try:
         cfg = load_config(args.config)
         if cfg.engine.sync_dispatch:      # the step as serve runs it: on the calling thread
             from .learner.dispatch import inline_dispatch
             inline_dispatch()
-        result = bench_config(cfg, iters=args.iters, e2e=args.e2e, e2e_steps=args.steps, config_path=args.config)
+        result = bench_config(cfg, iters=args.iters, e2e=args.e2e, e2e_steps=args.steps, config_path=args.config,
+                              period_us=args.period_us)
     except ConfigError as e:
         print("config error: " + " ".join(str(e).split()), file=sys.stderr)
         return 2
@@ -204,14 +231,25 @@ def _run_config(args) -> int:
     return 1 if any("error" in r for r in result["runs"]) else 0
 
 
+def _period_ok(args) -> bool:
+    """--period-us: 0 (back to back) up to 1 s; else a message naming it and False."""
+    if not 0 <= args.period_us <= 1_000_000:
+        print(f"bench: --period-us must be between 0 (back to back) and 1000000 (1 Hz); got {args.period_us:g}",
+              file=sys.stderr)
+        return False
+    return True
+
+
 def run_cli(args) -> int:
     """The echo-vs-engine table, or with ``--config`` the user's model timed (``bench_config``)."""
     if args.config:
         return _run_config(args)
+    if not _period_ok(args):
+        return 2
     work = Path(tempfile.mkdtemp(prefix="streamtrace-bench-"))
     rows = []
     print(f"end-to-end round trips: GRU-{args.hidden} engine vs bare ZeroMQ+msgpack echo, "
-          f"{args.steps} steps each (after 500 warm-up), one sensor")
+          f"{args.steps} steps each (after 500 warm-up){_pace(args.period_us)}, one sensor")
     for transport in args.transports:
         for pinned in (False, True):
             cpu = 0 if pinned else None
@@ -229,7 +267,7 @@ def run_cli(args) -> int:
                         "publish": {"weights_every": 0, "stats_every_s": 3600.0, "predictions": False}})
                     proc = start_engine(cfg)
                 try:
-                    lat = roundtrips(ep, args.steps, cpu)
+                    lat = roundtrips(ep, args.steps, cpu, period_us=args.period_us)
                 finally:
                     stop(proc)
                 p = percentiles(lat, 1.0)

@@ -62,25 +62,26 @@ def stop(proc: subprocess.Popen, timeout: float = 30.0):
             proc.kill()
 
 
-def roundtrips(endpoint: str, n: int, cpu: int | None, warmup: int = 500, x=None, y=None, warm_s: float = 0.0):
+def roundtrips(endpoint: str, n: int, cpu: int | None, warmup: int = 500, x=None, y=None, warm_s: float = 0.0,
+               period_us: float = 0.0):
     """``n`` timed request/reply steps of one sensor (microseconds each), after ``warmup``
-    untimed ones (and, with ``warm_s``, untimed steps for that many seconds first)."""
+    untimed ones (and, with ``warm_s``, untimed steps for that many seconds first), back to
+    back; with ``period_us`` the timed ones a request every that many microseconds, as a
+    sensor sampling at that rate sends."""
     import numpy as np
 
     from .adapters import SensorClient
+    from .latency import paced
     if cpu is not None:
         os.sched_setaffinity(0, {cpu})
     x = np.zeros(1, np.float32) if x is None else x
-    out = np.empty(n)
     with SensorClient(endpoint, stream="bench", timeout_s=30) as c:
         warm_until = time.monotonic() + warm_s
         while warmup and time.monotonic() < warm_until:
             c.step(x, y)
-        for i in range(warmup + n):
-            t0 = time.perf_counter()
+        for _ in range(warmup):
             c.step(x, y)
-            if i >= warmup:
-                out[i - warmup] = time.perf_counter() - t0
+        out = paced(lambda: c.step(x, y), n, period_us)
     if cpu is not None:
         os.sched_setaffinity(0, set(range(os.cpu_count())))
-    return out * 1e6
+    return out
