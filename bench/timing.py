@@ -7,7 +7,8 @@ from __future__ import annotations
 import os
 import platform
 
-from streamtrace.latency import paced, percentiles, timed
+from streamtrace.latency import percentiles, timed
+from streamtrace.launch import paced
 
 __all__ = ["percentiles", "timed", "paced", "pin", "unpin", "cpu_name", "machine_line"]
 

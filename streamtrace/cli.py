@@ -72,6 +72,24 @@ def _serve_parsers(sub):
     add_dashboard_parser(sub, _run)
 
 
+def _bench_parser(sub):
+    p = sub.add_parser("bench", help="end-to-end latency against the ZeroMQ echo floor; --config: your model")
+    p.add_argument("--config", default=None, help="time this serve TOML's model: compile, step p50/p99 per "
+                   "algorithm and slot count, trace memory per slot, the dispatch floor")
+    p.add_argument("--json", action="store_true", help="with --config: print the results as JSON")
+    p.add_argument("--e2e", action="store_true", help="with --config: also the end-to-end round trip vs the echo")
+    p.add_argument("--iters", type=int, default=1000, help="with --config: timed steps per run")
+    p.add_argument("--steps", type=int, default=20000, help="round trips per end-to-end run")
+    p.add_argument("--period-us", type=float, default=0.0, help="end to end: a request every this many "
+                   "microseconds, as a sensor sampling at that rate sends (default 0: back to back)")
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--algorithm", default="d-rtrl")
+    p.add_argument("--transports", nargs="+", default=["ipc", "tcp"], choices=["ipc", "tcp"])
+    p.add_argument("--port", type=int, default=47100)
+    p.add_argument("--out", default="", help="write the markdown table here")
+    p.set_defaults(func=_run)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="streamtrace", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -97,21 +115,7 @@ def main(argv=None) -> int:
                            help="serve the live dashboard here while the demo runs (loopback)")
             p.add_argument("--no-dashboard", dest="dashboard", action="store_const", const=None)
         p.set_defaults(func=_run)
-    p = sub.add_parser("bench", help="end-to-end latency against the ZeroMQ echo floor; --config: your model")
-    p.add_argument("--config", default=None, help="time this serve TOML's model: compile, step p50/p99 per "
-                   "algorithm and slot count, trace memory per slot, the dispatch floor")
-    p.add_argument("--json", action="store_true", help="with --config: print the results as JSON")
-    p.add_argument("--e2e", action="store_true", help="with --config: also the end-to-end round trip vs the echo")
-    p.add_argument("--iters", type=int, default=1000, help="with --config: timed steps per run")
-    p.add_argument("--steps", type=int, default=20000, help="round trips per end-to-end run")
-    p.add_argument("--period-us", type=float, default=0.0, help="end to end: a request every this many "
-                   "microseconds, as a sensor sampling at that rate sends (default 0: back to back)")
-    p.add_argument("--hidden", type=int, default=64)
-    p.add_argument("--algorithm", default="d-rtrl")
-    p.add_argument("--transports", nargs="+", default=["ipc", "tcp"], choices=["ipc", "tcp"])
-    p.add_argument("--port", type=int, default=47100)
-    p.add_argument("--out", default="", help="write the markdown table here")
-    p.set_defaults(func=_run)
+    _bench_parser(sub)
     p = sub.add_parser("evaluate", help="prequential one-step-ahead quality of a config on a task or file")
     p.add_argument("task", nargs="?", default="mackey-glass",
                    help="mackey-glass, narma10, lorenz, co2, sunspots, multichannel, regime-switch, "

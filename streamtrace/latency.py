@@ -25,7 +25,7 @@ from .engine.config import EngineConfig
 from .launch import roundtrips, start_echo, start_engine, stop, write_config
 
 __all__ = ["bench_config", "dispatch_floor", "trace_bytes_per_slot", "format_table", "e2e_roundtrip", "run_cli",
-           "percentiles", "timed", "paced"]
+           "percentiles", "timed"]
 
 ALGORITHMS = ("d-rtrl", "es-d-rtrl")
 E2E_WARM_S = 6.0
@@ -51,25 +51,6 @@ def timed(call, iters: int, warmup: int = 0, max_seconds: float = math.inf):
         if i >= 20 and clock() > stop_at:   # a slow model: fewer samples, not a stalled bench
             break
     return out
-
-
-def paced(call, n: int, period_us: float = 0.0) -> np.ndarray:
-    """``call()`` n times, each at its tick every ``period_us`` (the time until then slept), as
-    a sensor sampling at 1e6 / period_us Hz sends; 0: each right after the last (back to
-    back). Microseconds per call."""
-    out = np.empty(n)
-    clock = time.perf_counter
-    nxt = clock()
-    for i in range(n):
-        if period_us:
-            nxt += period_us * 1e-6
-            wait = nxt - clock()
-            if wait > 0:
-                time.sleep(wait)
-        t0 = clock()
-        call()
-        out[i] = clock() - t0
-    return out * 1e6
 
 
 def dispatch_floor(iters: int = 2000, warmup: int = 200, max_seconds: float = 5.0) -> dict:

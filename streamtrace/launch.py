@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-__all__ = ["write_config", "start_engine", "start_echo", "stop", "roundtrips"]
+__all__ = ["write_config", "start_engine", "start_echo", "stop", "roundtrips", "paced"]
 
 
 def _toml_value(v):
@@ -62,6 +62,26 @@ def stop(proc: subprocess.Popen, timeout: float = 30.0):
             proc.kill()
 
 
+def paced(call, n: int, period_us: float = 0.0) -> np.ndarray:
+    """``call()`` n times, each at its tick every ``period_us`` (the time until then slept), as
+    a sensor sampling at 1e6 / period_us Hz sends; 0: each right after the last (back to
+    back). Microseconds per call."""
+    import numpy as np
+    out = np.empty(n)
+    clock = time.perf_counter
+    nxt = clock()
+    for i in range(n):
+        if period_us:
+            nxt += period_us * 1e-6
+            wait = nxt - clock()
+            if wait > 0:
+                time.sleep(wait)
+        t0 = clock()
+        call()
+        out[i] = clock() - t0
+    return out * 1e6
+
+
 def roundtrips(endpoint: str, n: int, cpu: int | None, warmup: int = 500, x=None, y=None, warm_s: float = 0.0,
                period_us: float = 0.0):
     """``n`` timed request/reply steps of one sensor (microseconds each), after ``warmup``
@@ -71,7 +91,6 @@ def roundtrips(endpoint: str, n: int, cpu: int | None, warmup: int = 500, x=None
     import numpy as np
 
     from .adapters import SensorClient
-    from .latency import paced
     if cpu is not None:
         os.sched_setaffinity(0, {cpu})
     x = np.zeros(1, np.float32) if x is None else x

@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 
 from streamtrace.cli import main
-from streamtrace.latency import paced
-from streamtrace.launch import roundtrips, start_echo, stop
+from streamtrace.launch import paced, roundtrips, start_echo, stop
 
 
 def test_paced_calls_leave_at_their_ticks_and_time_only_the_call():
@@ -18,12 +17,14 @@ def test_paced_calls_leave_at_their_ticks_and_time_only_the_call():
         time.sleep(0.002)
 
     took = paced(call, 6, 20_000)
-    gaps = np.diff(starts)
-    assert len(took) == 6 and np.all(gaps > 0.019) and np.all(gaps < 0.05)    # one tick apart, not 2 ms
-    assert np.all(took >= 2000) and np.all(took < 15_000)    # the call's own microseconds, not the wait
+    span = np.array(starts) - starts[0]
+    # call i at its tick, i x 20 ms on (a late wake-up delays one call, never the schedule);
+    # back to back, these 2 ms calls would be ~2 ms apart
+    assert len(took) == 6 and np.all(span[1:] > np.arange(1, 6) * 0.020 - 0.005) and span[-1] < 0.2
+    assert np.all(took >= 2000) and np.median(took) < 12_000    # the call's own microseconds, not the wait
     starts.clear()
-    paced(call, 4, 0)                                         # back to back: no waiting between calls
-    assert np.all(np.diff(starts) < 0.015)
+    paced(call, 4, 0)                           # back to back: no waiting between calls
+    assert starts[-1] - starts[0] < 0.05        # ~6 ms of calls, not the 60 ms of three ticks
 
 
 def test_roundtrips_against_the_echo_at_a_sensor_rate(tmp_path):
