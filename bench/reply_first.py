@@ -28,7 +28,7 @@ import numpy as np
 
 from results_file import write_section
 from streamtrace.launch import roundtrips, start_echo, start_engine, stop, write_config
-from timing import machine_line, paced, percentiles
+from timing import machine_line, percentiles
 
 WARM_S = 8.0     # the engine compiles its other programs on a thread once traffic starts
 
@@ -43,20 +43,9 @@ ROWS = [   # (name, mode, slots, reply_first, forecast_before_update)
 ]
 
 
-def paced_roundtrips(endpoint, n, period_us, x, y, warm_s):
-    """A sensor sampling every ``period_us``: each request leaves at its tick (the time until
-    then slept), so the engine has that long between messages; round trips in us."""
-    from streamtrace.adapters import SensorClient
-    with SensorClient(endpoint, stream="bench", timeout_s=30) as c:
-        until = time.monotonic() + warm_s
-        while time.monotonic() < until:
-            c.step(x, y)
-        return paced(lambda: c.step(x, y), n, period_us)
-
-
 def measure(ep, steps, period_us, x, y, warm_s):
-    lat = roundtrips(ep, steps, None, warmup=1, x=x, y=y, warm_s=warm_s) if not period_us else \
-        paced_roundtrips(ep, steps, period_us, x, y, warm_s)
+    # paced: each request at its tick, so the engine has that long between messages
+    lat = roundtrips(ep, steps, None, warmup=1, x=x, y=y, warm_s=warm_s, period_us=period_us)
     p = percentiles(lat, 1.0)
     return p["p50"], p["p99"]
 

@@ -196,8 +196,6 @@ def _run_config(args) -> int:
     if args.iters < 1 or args.steps < 1:
         print(f"bench: --iters and --steps must be >= 1; got {args.iters}, {args.steps}", file=sys.stderr)
         return 2
-    if not _period_ok(args):
-        return 2
     try:
         cfg = load_config(args.config)
         if cfg.engine.sync_dispatch:      # the step as serve runs it: on the calling thread
@@ -223,10 +221,10 @@ def _period_ok(args) -> bool:
 
 def run_cli(args) -> int:
     """The echo-vs-engine table, or with ``--config`` the user's model timed (``bench_config``)."""
-    if args.config:
-        return _run_config(args)
     if not _period_ok(args):
         return 2
+    if args.config:
+        return _run_config(args)
     work = Path(tempfile.mkdtemp(prefix="streamtrace-bench-"))
     rows = []
     print(f"end-to-end round trips: GRU-{args.hidden} engine vs bare ZeroMQ+msgpack echo, "
