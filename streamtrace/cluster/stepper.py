@@ -99,7 +99,7 @@ class Stepper:
             st = core.streams.pop(name, None)
             if st is not None:
                 core.free.append(st.slot)
-                core.metrics.stream_loss.pop(name, None)
+                core.metrics.forget(name)
 
     def snapshot(self, names, seq: int, extra: dict) -> bytes:
         """A checkpoint of streams ``names``: each one's slot state and next sequence number,

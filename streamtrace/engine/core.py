@@ -339,7 +339,7 @@ class EngineCore(Ticks):
                                                                 st.recent))
                     self.metrics.count("parked")
                 del self.streams[name]
-                self.metrics.stream_loss.pop(name, None)
+                self.metrics.forget(name)
                 self.free.append(st.slot)
 
     def has_pending(self) -> bool:
@@ -378,6 +378,9 @@ class EngineCore(Ticks):
         snap["stream_metrics"] = {name: {k: (int(m[k][st.slot]) if k == "n" else float(m[k][st.slot]))
                                          for k in ("mse", "mae", "nrmse", "n")}
                                   for name, st in self.streams.items()}
+        for name, per in snap["stream_events"].items():     # the dashboard shows them beside the metrics
+            if name in snap["stream_metrics"]:
+                snap["stream_metrics"][name].update(per)
         self.metrics.quality(snap["stream_metrics"])
         snap["version"] = self.version
         snap["pending"] = self._pending                 # queued messages not yet stepped

@@ -20,6 +20,8 @@ from .optimizers import optimizer_parts
 from .packing import Layout, path_name
 from .programs import PAIR, Programs
 from .result import StepResult
+from .rollback import RolledBack
+from .screen import Screened, screen_in
 from .settings import CompileSettings, Metrics, Slots
 from .step import COUNTERS, StepConfig, StepFunctions
 
@@ -65,7 +67,9 @@ class OnlineLearner:
     ``Slots(N, shared=False)`` gives each slot its own model, ``Slots(N, reduce="sum")`` sums
     the slots' losses for the shared model; ``step_slots(slots, x)`` steps a few of them only.
     transform=chain(normalise(), residual()): the signal between the user's units and the
-    model. readout=rls(): a closed-form readout over the model's output features (the model then
+    model; ``screen()`` first in the chain screens every input channel for outliers (a glitching
+    sensor's absurd value is neither learnt from nor scored; learner/screen.py).
+    readout=rls(): a closed-form readout over the model's output features (the model then
     returns features, e.g. ``nn.Reservoir``). combine=experts(): what the user gets is an online
     mixture of the model's prediction with persistence, a running mean and a seasonal naive
     forecast, weighted by their recent losses (learner/experts.py).
@@ -76,7 +80,9 @@ class OnlineLearner:
     work for one release, with a DeprecationWarning naming the new form (old_keywords.py).
 
     Non-finite inputs/losses/gradients never reach the weights: the step is skipped for that
-    slot and counted (``stats()``). The engine's compiled programs are ``learner.programs``.
+    slot and counted (``stats()``). A step that leaves any non-finite value in the state is
+    undone, bit for bit, and counted (``stats()["rolled_back"]``, ``StepResult.rolled_back``;
+    learner/rollback.py). The engine's compiled programs are ``learner.programs``.
 
     The state crosses the compiled call as a few buffers: small leaves packed per dtype, leaves
     of at least ``standalone`` elements (weights, moments, traces) as buffers of their own.
@@ -96,6 +102,7 @@ class OnlineLearner:
                 old, algorithm, optimizer, mode, slots, compile, metrics)
         compile, metrics = _value(compile, CompileSettings, "compile"), _value(metrics, Metrics, "metrics")
         parts = optimizer_parts(adam() if optimizer is None else optimizer)
+        screen, transform = screen_in(transform)
         self.label_delay = mode.label_delay if isinstance(mode, Supervised) else 0
         if self.label_delay and (transform, readout, combine) != (None, None, None) or self.label_delay and parts.frozen:
             raise ValueError("Supervised(label_delay=...) needs a model that learns (not frozen()), without "
@@ -118,8 +125,11 @@ class OnlineLearner:
         self.cfg = StepConfig(mode, learn_every, reduce, channels, spec.horizon if spec else 1, metrics.window,
                               self.label_delay, before_update=bool(spec and spec.before_update))
         steps = LabelledSteps if self.label_delay else StepFunctions
-        self.fns = steps(self.algo, get_loss(loss), parts, self.cfg, transform=transform, readout=readout,
-                         y_shape=self.out_shape, combine=combine)
+        fns = steps(self.algo, get_loss(loss), parts, self.cfg, transform=transform, readout=readout,
+                    y_shape=self.out_shape, combine=combine)
+        if screen is not None:
+            fns = Screened(fns, screen)
+        self.fns = RolledBack(fns)
         self.horizon = self.cfg.horizon
         self.slots = None if slots is None else slots.n
         self.n = self.slots or 1
@@ -138,6 +148,7 @@ class OnlineLearner:
                                  "horizon": self.horizon, "window": metrics.window,
                                  **({"label_delay": self.label_delay} if self.label_delay else {}),
                                  "transform": None if transform is None else transform.describe(),
+                                 **({} if screen is None else {"screen": screen.describe()}),
                                  "readout": None if readout is None else readout.describe(),
                                  **({} if combine is None else {"combine": combine.describe()}),
                                  "groups": None if parts.groups is None else parts.groups.describe(),
@@ -276,6 +287,12 @@ class OnlineLearner:
         roll = {k[len("stats.roll."):]: v for k, v in named.items() if k.startswith("stats.roll.")}
         roll = {k: v.reshape(-1) if k == "n" else v.reshape(-1, v.shape[-1]) for k, v in roll.items()}
         out["metrics"] = self.fns.rolling.summary(roll)
+        for key, name in (("screen", "outliers"), ("rollback", "rolled_back")):
+            got = self.layout.to_named(self.buffers, prefix=f"{key}.count")
+            if got:
+                per = got[f"{key}.count"].reshape(-1)
+                out[name] = int(per.sum())
+                out["metrics"][name] = per.astype(np.int64)
         return out
 
     # ---- calls ------------------------------------------------------------------------

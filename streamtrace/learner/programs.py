@@ -30,6 +30,7 @@ from .xla_options import step_compiler_options
 __all__ = ["Programs", "PAIR"]
 
 PAIR = 2     # per-slot models step this many slots at a time (see Programs._in_pairs)
+EVENTS = ("screen", "rollback")     # state entries whose "now" (per slot) a step's result reports
 
 
 class _Call:
@@ -86,6 +87,7 @@ class Programs:
         self._step = jax.jit(self.fns.step)
         self._pair = jax.jit(self._each_model)
         self._slot_shapes = None
+        self._events = [k for k in EVENTS if any(name.startswith(k + ".") for name in self.layout.names)]
 
     # ---- the cache ----------------------------------------------------------------------
     def _program(self, key, build):
@@ -312,8 +314,12 @@ class Programs:
         n_out = math.prod(pred_shape)
         pred = vec[:n_out].reshape(pred_shape)
         loss = vec[n_out:n_out + n]
-        applied = vec[n_out + n:] > 0.5
-        return StepResult(pred, loss, applied if self.per_slot else bool(applied[0]))
+        n_applied = n if self.per_slot else 1
+        applied = vec[n_out + n:n_out + n + n_applied] > 0.5
+        flags = vec[n_out + n + n_applied:].reshape(-1, n) > 0.5
+        events = {k: (f if self.slots is not None else bool(f[0])) for k, f in zip(self._events, flags)}
+        return StepResult(pred, loss, applied if self.per_slot else bool(applied[0]),
+                          outlier=events.get("screen", False), rolled_back=events.get("rollback", False))
 
     # ---- a slot's part of the state -----------------------------------------------------
     def slot_part(self, state) -> dict:
@@ -323,8 +329,8 @@ class Programs:
         ``reset`` and for ``read_slot`` / ``write_slot`` (the engine's parking)."""
         if self.per_slot:
             return state
-        part = {k: state[k] for k in ("hidden", "traces", "pending", "signal", "readout", "combine", "labels")
-                if k in state}
+        part = {k: state[k] for k in ("hidden", "traces", "pending", "signal", "readout", "combine", "labels",
+                                      "screen", "rollback") if k in state}
         part["stats"] = {k: state["stats"][k] for k in ("preq_sum", "preq_n", "roll")}
         return part
 
@@ -406,10 +412,12 @@ class Programs:
         state, (out, loss, applied) = jax.lax.fori_loop(0, pairs, body, (state, outs))
         return state, out, loss, applied
 
-    def pack_out(self, out, loss, applied):
-        """A step's prediction, loss and applied flags as one output vector (see ``decode``)."""
+    def pack_out(self, out, loss, applied, events=()):
+        """A step's prediction, loss, applied flags and per-slot events (``EVENTS``: outlier,
+        rolled back; those the learner has) as one output vector (see ``decode``)."""
         dt = jnp.result_type(out.dtype, jnp.float32)
-        return jnp.concatenate([jnp.ravel(out).astype(dt), loss.astype(dt), jnp.ravel(applied).astype(dt)])
+        return jnp.concatenate([jnp.ravel(out).astype(dt), loss.astype(dt), jnp.ravel(applied).astype(dt),
+                                *(jnp.ravel(e).astype(dt) for e in events)])
 
     def _fn(self, k: int | None):
         """The pure packed step: (buffers, x, y, active, learn) -> (buffers, out vector).
@@ -430,9 +438,10 @@ class Programs:
             if squeeze:
                 x, y = x[None], y[None]
             new, out, loss, applied = self._core(state, x, y, active, learn, update)
+            events = [new[k]["now"] for k in EVENTS if k in new]
             if not update:
                 new, applied = state, jnp.zeros_like(applied)
-            return new, self.pack_out(out[0] if squeeze else out, loss, applied)
+            return new, self.pack_out(out[0] if squeeze else out, loss, applied, events)
         if k is None:
             return single(state, x, y, active, learn)
         state, vecs = jax.lax.scan(lambda s, xs: single(s, *xs), state, (x, y, active, learn))
