@@ -49,7 +49,8 @@ def decode_reply(raw: bytes) -> dict:
         msg["pred"] = wire.unpack_array(msg["pred"], "pred")
         return Prediction(msg)
     if msg["type"] == "weights":
-        msg["params"] = {n: wire.unpack_array(a, n, max_elements=1 << 28) for n, a in msg["params"].items()}
+        for part in ("params", "state"):
+            msg[part] = {n: wire.unpack_array(a, n, max_elements=1 << 28) for n, a in msg.get(part, {}).items()}
     return msg
 
 

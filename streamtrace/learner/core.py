@@ -28,6 +28,10 @@ from .step import COUNTERS, StepConfig, StepFunctions
 __all__ = ["OnlineLearner", "StepResult"]
 
 
+PREDICTING = ("readout.", "signal.", "combine.")      # state entries a prediction is made from
+NOT_PREDICTING = ("readout.P",)                      # ... but for what the readout learns with
+
+
 def _value(given, cls, name):
     """A settings value: ``given``, or ``cls()`` for None."""
     if given is None:
@@ -274,6 +278,27 @@ class OnlineLearner:
             return {k: np.asarray(v) for k, v in store.unpack(stored).items()}
         per = [store.unpack(jax.tree_util.tree_map(lambda a: a[i], stored)) for i in range(self.n)]
         return {k: np.stack([np.asarray(p[k]) for p in per]) for k in per[0]}
+
+    def predictor_state(self) -> dict:
+        """Everything besides the weights (``params``) that a prediction is made from, as
+        ``{name: numpy array}`` (slot axis first, as in ``state_dict``): the readout's weights
+        and its choice between ridges, the transforms' statistics (the normaliser's), the
+        experts' state. A readout's matrix P, which it learns with and does not predict
+        with, is left out (it is in checkpoints).
+
+        >>> import numpy as np, streamtrace as st
+        >>> model = st.nn.Reservoir(1, 8)
+        >>> L = st.OnlineLearner(model, np.zeros(1, np.float32), mode="forecast", optimizer=st.frozen(),
+        ...                      transform=st.normalise(), readout=st.rls())
+        >>> sorted(k for k in L.predictor_state() if k.startswith("readout"))
+        ['readout.W', 'readout.err']
+        """
+        out = {}
+        for prefix in PREDICTING:
+            for name, v in self.layout.to_named(self.buffers, prefix=prefix).items():
+                if name not in NOT_PREDICTING:
+                    out[name] = v
+        return self._expand(out)
 
     def stats(self) -> dict:
         """Counters (summed over slots with per-slot weights) and per-slot prequential loss."""

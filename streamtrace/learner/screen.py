@@ -4,8 +4,9 @@ learns from it.
 Every input channel of every slot keeps a running location and a running mean absolute
 deviation (exponentially weighted, time constant ``1 / rate`` steps; over the first samples a
 plain mean). A value further from the location than ``threshold`` deviations, or outside the
-channel's hard ``range``, is an outlier. With ``policy="skip"`` the step sees the channel's last
-good value instead, the slot learns nothing from the step and the step is not scored (the
+channel's hard ``range``, is an outlier. With ``policy="skip"`` the step sees instead the value
+the learner forecast for it (forecast mode; else the channel's last good value), the slot learns
+nothing from the step and the step is not scored (the
 rolling metrics and the prequential loss skip it); with ``policy="clip"`` the value is clipped
 to the limit and learnt from. Either way the step's result says so and the slot's count grows.
 
@@ -130,9 +131,9 @@ def screen(policy: str = "skip", *, threshold: float = 30.0, rate: float = 0.01,
     (``OnlineLearner(..., transform=chain(screen(), normalise(), residual()))``).
 
     Parameters:
-        policy: "skip" (an outlier is replaced by the channel's last good value, and the slot
-            neither learns from nor is scored on that step) or "clip" (clipped to the limit, and
-            learnt from).
+        policy: "skip" (an outlier is replaced by the learner's forecast of it, or the channel's
+            last good value, and the slot neither learns from nor is scored on that step) or
+            "clip" (clipped to the limit, and learnt from).
         threshold: how many running mean absolute deviations from the running location a value
             may be (30 by default: no false alarm on the quality benchmark's series, measured).
         rate: the running statistics' rate (time constant ``1 / rate`` steps).
@@ -193,8 +194,10 @@ def _held(keep, new, old):
 
 
 class Screened:
-    """A learner's step functions with their input screened first (``Screen``). Everything but
-    ``init`` and ``step`` is the wrapped functions'."""
+    """A learner's step functions with their input screened first (``Screen``). With the skip
+    policy an outlier is replaced by the learner's own forecast of it in forecast mode (where
+    one was made), else by the channel's last good value. Everything but ``init`` and ``step``
+    is the wrapped functions'."""
 
     def __init__(self, inner, screen: Screen):
         self.inner, self.screen = inner, screen
@@ -206,12 +209,30 @@ class Screened:
         state = self.inner.init(n_slots, x_shape, x_dtype, **kw)
         return {**state, "screen": self.screen.init(n_slots, math.prod(x_shape), jnp.dtype(x_dtype))}
 
+    def _forecast(self, state, flat, held):
+        """Forecast mode: the values the learner forecast for this step (in the forecast
+        channels, where a forecast was made), else ``held`` (the last good values): a glitch
+        inside a smooth signal is bridged by the model's own forecast, not a flat line."""
+        pend = state["pending"]
+        pred = pend["pred"].reshape(flat.shape[0], -1).astype(flat.dtype)
+        channels = self.inner.cfg.channels
+        if channels is None:
+            if pred.shape != flat.shape:
+                return held
+            guess = pred
+        else:
+            guess = held.at[:, jnp.asarray(channels)].set(pred)
+        made = (pend["valid"] > 0)[:, None] & jnp.isfinite(guess)
+        return jnp.where(made, guess, held)
+
     def step(self, state, x, target, active, learn):
         s, n = state["screen"], x.shape[0]
         flat = x.reshape(n, -1)
         flag, clean = self.screen.check(s, flat)
         bad = jnp.any(flag, axis=-1)
         skip = self.screen.policy == "skip"
+        if skip and "pending" in state:
+            clean = jnp.where(flag, self._forecast(state, flat, clean), clean)
         learn = learn & ~bad if skip else learn
         new, out, loss, applied = self.inner.step(state, clean.reshape(x.shape).astype(x.dtype), target,
                                                   active, learn)
