@@ -16,8 +16,11 @@ What is not read, to keep the check off the step's critical path (measured: benc
   traces are guarded inside the step; an RLS readout keeps a slot's matrix whose update is not
   finite). They are left as the step wrote them: a rollback restores the small arrays, which
   are all of a small model's state;
-- the small weights, optimizer moments and traces are put back with the rest but not checked
-  (they are guarded value by value as above), so the check never waits on the weight update.
+- the small arrays the step keeps finite itself (``GUARDED``: weights, moments, traces; the
+  hidden state, counters, scores and screen statistics, written only where their new values are
+  finite) are put back with the rest but not checked, so the check waits on little: it reads the
+  transforms' statistics, the experts' state, the pending forecast and the readout's small arrays
+  (measured: bench/glitch_cost.py).
 """
 from __future__ import annotations
 
@@ -27,7 +30,9 @@ import jax.numpy as jnp
 __all__ = ["RolledBack", "BIG"]
 
 BIG = 2048     # values in an array from which it is left to its own guard (the packed-state cut)
-GUARDED = ("params", "opt", "acc", "traces")     # kept finite by the step itself, value by value
+# kept finite by the step itself: weights, moments and traces value by value; a slot's hidden
+# state, counters, scores and screen statistics only where their new values are finite
+GUARDED = ("params", "opt", "acc", "traces", "hidden", "stats", "screen")
 
 
 def _finite(leaves) -> jax.Array:

@@ -15,7 +15,9 @@ limit widens by ``growth`` each step, and the first value accepted beyond the pl
 the location there at once. A level ``k`` times the limit away is accepted after about
 ``log(k) / log(growth)`` steps (growth 1.5: 100 deviations at the 3rd step, 1e6 only at the
 25th), so a burst of glitches stays screened while a new operating point is learnt from soon.
-Values out of the hard range are never accepted. NaN and infinite values are left to the step's
+Values out of the hard range are never accepted. In supervised mode the targets that come
+with their x are screened the same way (statistics of their own, no hard range): a glitched
+target is not learnt from. NaN and infinite values are left to the step's
 own guard (the slot skips the step and it is counted as ``skipped``).
 
 A screen is given as the first of the learner's transforms (``transform=chain(screen(),
@@ -61,9 +63,8 @@ class Screen(Transform):
     # one array per slot and channel, (N, C, 5): accepted count (capped), outliers in a row,
     # location, mean absolute deviation, last accepted value; one array keeps the screen's
     # work to a couple of fused loops inside the step
-    def init(self, n: int, channels: int, dtype) -> dict:
-        z = jnp.zeros(n, jnp.int32)
-        return {"stats": jnp.zeros((n, channels, 5), dtype), "count": z, "now": z}
+    def init(self, n: int, channels: int, dtype) -> jax.Array:
+        return jnp.zeros((n, channels, 5), dtype)
 
     def _bounds(self, channels: int, dtype):
         if self.ranges is None:
@@ -85,7 +86,7 @@ class Screen(Transform):
     def check(self, s, x):
         """(flag, clean): which finite values of x (N, C) are outliers, and the values the step
         sees instead (the last good one, or clipped)."""
-        n, run, loc, dev, last = (s["stats"][..., i] for i in range(5))
+        n, run, loc, dev, last = (s[..., i] for i in range(5))
         base, wide = self._limit(n, run, loc, dev)
         finite = jnp.isfinite(x)
         robust = finite & (n >= self.warmup) & (jnp.abs(x - loc) > wide)
@@ -105,8 +106,8 @@ class Screen(Transform):
 
     def observe(self, s, x, flag, ok):
         """Learn each channel's location and deviation from the accepted values of x (N, C);
-        ``ok`` (N,): the slots that stepped with a finite x. Returns the new state."""
-        st = s["stats"]
+        ``ok`` (N,): the slots whose x was looked at. Returns the new state."""
+        st = s
         x = x.astype(st.dtype)
         n, run, loc, dev, last = (st[..., i] for i in range(5))
         base, _ = self._limit(n, run, loc, dev)
@@ -121,8 +122,7 @@ class Screen(Transform):
                                                            dev + a * (d - dev))), x], axis=-1)
         out = jnp.where(take[..., None], new, st)
         out = out.at[..., 1].set(jnp.where(seen & flag, run + 1, out[..., 1]))
-        now = (ok & jnp.any(flag, axis=-1)).astype(jnp.int32)
-        return {"stats": out.astype(st.dtype), "count": s["count"] + now, "now": now}
+        return out.astype(st.dtype)
 
 
 def screen(policy: str = "skip", *, threshold: float = 30.0, rate: float = 0.01, growth: float = 1.5,
@@ -205,9 +205,18 @@ class Screened:
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
+    def _targets(self) -> bool:
+        """Supervised targets that come with their x are screened too (delayed labels are not)."""
+        cfg = self.inner.cfg
+        return cfg.mode == "supervised" and not cfg.label_delay
+
     def init(self, n_slots, x_shape, x_dtype, **kw) -> dict:
         state = self.inner.init(n_slots, x_shape, x_dtype, **kw)
-        return {**state, "screen": self.screen.init(n_slots, math.prod(x_shape), jnp.dtype(x_dtype))}
+        z = jnp.zeros(n_slots, jnp.int32)
+        sc = {"x": self.screen.init(n_slots, math.prod(x_shape), jnp.dtype(x_dtype)), "count": z, "now": z}
+        if self._targets():
+            sc["y"] = self.screen.init(n_slots, math.prod(kw["y_shape"]), jnp.dtype(kw.get("y_dtype") or x_dtype))
+        return {**state, "screen": sc}
 
     def _forecast(self, state, flat, held):
         """Forecast mode: the values the learner forecast for this step (in the forecast
@@ -226,13 +235,23 @@ class Screened:
         return jnp.where(made, guess, held)
 
     def step(self, state, x, target, active, learn):
-        s, n = state["screen"], x.shape[0]
+        s, n, screen = state["screen"], x.shape[0], self.screen
+        skip = screen.policy == "skip"
         flat = x.reshape(n, -1)
-        flag, clean = self.screen.check(s, flat)
-        bad = jnp.any(flag, axis=-1)
-        skip = self.screen.policy == "skip"
+        flag, clean = screen.check(s["x"], flat)
         if skip and "pending" in state:
             clean = jnp.where(flag, self._forecast(state, flat, clean), clean)
+        bad = jnp.any(flag, axis=-1)
+        seen = active & jnp.all(jnp.isfinite(flat), axis=-1)
+        new_s = {"x": screen.observe(s["x"], flat if skip else clean, flag, seen)}
+        if "y" in s:      # a glitched target: the slot does not learn from it
+            t = target.reshape(n, -1)
+            looked = seen & learn & jnp.all(jnp.isfinite(t), axis=-1)
+            t_flag, t_clean = screen.check(s["y"], t)
+            t_flag = t_flag & looked[:, None]
+            new_s["y"] = screen.observe(s["y"], t if skip else t_clean, t_flag, looked)
+            target = target if skip else t_clean.reshape(target.shape).astype(target.dtype)
+            bad = bad | jnp.any(t_flag, axis=-1)
         learn = learn & ~bad if skip else learn
         new, out, loss, applied = self.inner.step(state, clean.reshape(x.shape).astype(x.dtype), target,
                                                   active, learn)
@@ -241,5 +260,5 @@ class Screened:
             now = {k: new["stats"][k] for k in kept}
             new = {**new, "stats": {**new["stats"], **_held(bad & active, now, kept)}}
             loss = jnp.where(bad, jnp.nan, loss)
-        ok = active & jnp.all(jnp.isfinite(flat), axis=-1)
-        return {**new, "screen": self.screen.observe(s, clean if not skip else flat, flag, ok)}, out, loss, applied
+        now = (seen & bad).astype(jnp.int32)
+        return {**new, "screen": {**new_s, "count": s["count"] + now, "now": now}}, out, loss, applied
