@@ -112,6 +112,14 @@ class Numbering:
         self.in_flight[(stream, seq)] = sample
         self.flying[stream] += 1
 
+    def forget(self, stream: str, sample: Sample | None = None):
+        """No answer came in time: stop waiting for ``sample`` (None: every sample of ``stream``)
+        in flight; it is not resent (counted in ``counts["unanswered"]``), and its answer, should it
+        still come, is handed over as one not numbered here."""
+        for key in [k for k, s in self.in_flight.items() if k[0] == stream and (sample is None or s is sample)]:
+            self._pop(key)
+            self.counts["unanswered"] += 1
+
     def unconfirmed(self, stream: str) -> bool:
         """A sample of ``stream`` is in flight and the engine has not yet confirmed its numbering:
         wait for an answer before sending the next one of this stream."""
@@ -200,7 +208,11 @@ class NumberedClient:
             self._transmit(name, seq, wire.data_message(name, seq, x, y, ts=time.time(), mode=mode))
             return seq
         while self.numbering.unconfirmed(name):        # its first answer before its next step
-            self._ready.append(self._next(self._wait_s)[0])
+            try:
+                self._ready.append(self._next(self._wait_s)[0])
+            except TimeoutError:
+                self.numbering.forget(name)
+                raise
         n = self.numbering.take(name)
         sample = Sample(wire.data_message(name, n, x, y, ts=time.time(), mode=mode))
         try:
@@ -221,15 +233,20 @@ class NumberedClient:
     def step(self, x, y=None, *, stream: str | None = None, mode: str | None = None) -> Prediction:
         """Send one step and wait for its prediction. ``repeat`` / ``gap`` refusals after a
         restart are resynced and the step sent again (not raised); any other refusal raises
-        :class:`EngineError` and uses up no sequence number. Answers to earlier ``send`` calls
-        that arrive meanwhile wait for ``recv``."""
+        :class:`EngineError` and uses up no sequence number; no answer within the timeout raises
+        TimeoutError (the step is not resent). Answers to earlier ``send`` calls that arrive
+        meanwhile wait for ``recv``."""
         name = self._stream_id(stream or self.stream)
         sample = self.numbering.in_flight[(name, self.send(x, y, stream=name, mode=mode))]
-        return checked(self._await(sample), True)
+        return checked(self._await(sample, name), True)
 
-    def _await(self, sample: Sample) -> dict:
+    def _await(self, sample: Sample, stream: str) -> dict:
         while True:
-            msg, which = self._next(self._wait_s)
+            try:
+                msg, which = self._next(self._wait_s)
+            except TimeoutError:
+                self.numbering.forget(stream, sample)
+                raise
             if which is sample:
                 return msg
             self._ready.append(msg)

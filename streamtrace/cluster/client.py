@@ -192,12 +192,13 @@ class ClusterClient(NumberedClient):
         while True:
             a = self._call(self._request(name, seq, sample.raw), self.timeout_s + 5.0)
             if a is None:
+                self.numbering.forget(name, sample)
                 raise TimeoutError(f"no answer for stream {name!r} seq {seq} within {self.timeout_s} s")
             out = self.numbering.settle(a)
             if out.deliver:
                 return checked(a, True)
             if not out.resend:          # a refusal already resynced: this step's answer is still to come
-                return checked(self._await(sample), True)
+                return checked(self._await(sample, name), True)
             (_, seq, _), = out.resend   # nothing else of the stream was in flight: only this step
             sample.renumber(seq)
             self.numbering.sent(name, seq, sample)
