@@ -39,6 +39,7 @@ __all__ = ["Numbering", "NumberedClient", "Sample", "Outcome", "checked", "RESYN
 
 RESYNC_CODES = ("repeat", "gap")
 MAX_RESYNCS = 3          # per sample
+LABEL_CODES = ("unknown_label", "label_too_late", "already_labelled")
 
 
 @dataclass(eq=False)
@@ -136,10 +137,12 @@ class Numbering:
         stream, seq = answer.get("stream"), answer.get("seq")
         if not isinstance(stream, str) or not isinstance(seq, int):
             return Outcome(True)
-        key = (stream, seq)
-        if answer.get("type") != "error":
+        key, kind = (stream, seq), answer.get("type")
+        if kind == "prediction":
             self.confirmed.add(stream)
             return Outcome(True, self._pop(key))
+        if kind != "error" or answer.get("code") in LABEL_CODES:      # a label's answer: not a data step's
+            return Outcome(True)
         if self.stale[key] > 0:                  # a sample already resent after a resync
             self.stale[key] -= 1
             if not self.stale[key]:

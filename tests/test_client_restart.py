@@ -200,3 +200,17 @@ def test_steps_pipelined_behind_a_refused_sample_are_resent_in_order(work, clock
     assert [r["ts"] for r in replies] == [1.0, 3.0, 4.0, 5.0, 6.0]      # ts 2.0 was the refused sample
     np.testing.assert_allclose(np.stack([r.pred for r in replies]), np.stack([ref[("s0", t)] for t in range(5)]),
                                rtol=1e-5, atol=1e-6)
+
+
+def test_the_clients_doc_example_runs_as_written(work, capsys):
+    """docs/clients.md's example, against an engine of one input (only the endpoint changed)."""
+    text = (Path(__file__).resolve().parent.parent / "docs" / "clients.md").read_text()
+    code = text.split("```python\n", 1)[1].split("```", 1)[0]
+    assert '"tcp://127.0.0.1:5555"' in code
+    proc = start_engine(_config(work))
+    try:
+        capsys.readouterr()
+        exec(compile(code.replace('"tcp://127.0.0.1:5555"', repr(_router(work))), "clients.md", "exec"), {})
+    finally:
+        stop(proc)
+    assert capsys.readouterr().out.split() == ["bad_shape", "1", "1"]
