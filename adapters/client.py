@@ -90,6 +90,7 @@ class SensorClient(NumberedClient, _Timed):
 
     Example (with ``streamtrace serve`` running a model of one input)::
 
+        import numpy as np
         from streamtrace.adapters import SensorClient, EngineError
         with SensorClient("tcp://127.0.0.1:5555", stream="imu-7") as sensor:
             reply = sensor.step(np.array([0.5], np.float32))     # reply.pred, reply["loss"]
@@ -169,6 +170,7 @@ class PushClient(_Timed):
 
     Example (with ``streamtrace serve`` running a model of one input)::
 
+        import numpy as np
         from streamtrace.adapters import PushClient
         with PushClient("tcp://127.0.0.1:5556", stream="pump-3") as push:
             for v in (0.1, 0.2, 0.3):

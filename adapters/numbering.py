@@ -42,7 +42,7 @@ MAX_RESYNCS = 3          # per sample
 LABEL_CODES = ("unknown_label", "label_too_late", "already_labelled")
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Sample:
     """One data message a client numbered itself (``raw``, encoded), kept until it is answered
     (to be sent again under another number after a resync)."""
@@ -55,7 +55,7 @@ class Sample:
         self.raw = msgpack.packb(msg, use_bin_type=True)
 
 
-@dataclass
+@dataclass(slots=True)
 class Outcome:
     """What a client does with one answer: hand it to the caller (``deliver``; ``sample`` is the
     step it answers, when the client numbered it) and send ``resend`` [(stream, seq, Sample)], in order."""

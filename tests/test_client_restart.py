@@ -214,3 +214,22 @@ def test_the_clients_doc_example_runs_as_written(work, capsys):
     finally:
         stop(proc)
     assert capsys.readouterr().out.split() == ["bad_shape", "1", "1"]
+
+
+def test_the_client_classes_docstring_examples_run_as_written(work, capsys):
+    """SensorClient's and PushClient's examples, against an engine of one input."""
+    from doc_examples import docstring_example
+    from streamtrace.adapters import PushClient
+    cfg = _config(work)
+    text = cfg.read_text().replace('pull = ""', f'pull = "ipc://{work}/p"')
+    cfg.write_text(text)
+    proc = start_engine(cfg)
+    try:
+        capsys.readouterr()
+        exec(docstring_example(SensorClient, "tcp://127.0.0.1:5555", _router(work)), {})
+        assert capsys.readouterr().out.split() == ["bad_shape"]
+        scope = {}
+        exec(docstring_example(PushClient, "tcp://127.0.0.1:5556", f"ipc://{work}/p"), scope)
+        assert scope["push"].seq == 3                                 # three handed over, numbered 0, 1, 2
+    finally:
+        stop(proc)

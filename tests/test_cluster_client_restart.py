@@ -16,6 +16,7 @@ from streamtrace.cluster import ClusterClient, NatsServer              # noqa: E
 from streamtrace.cluster.server import find_server_binary              # noqa: E402
 
 import cluster_harness as H                                             # noqa: E402
+from doc_examples import docstring_example                              # noqa: E402
 
 K = 15          # steps per phase
 
@@ -50,6 +51,9 @@ def test_cluster_client_survives_worker_and_sensor_restarts(tmp_path, caplog):
         clients.append(both)
         run(both, "s2", K, 2 * K)
         assert [c.resyncs for c in clients] == [0, 1, 1]
+        scope = {}                                           # ClusterClient's docstring example, as written
+        exec(docstring_example(ClusterClient, "nats://127.0.0.1:4222", srv.url), scope)
+        assert (scope["reply"]["stream"], scope["other"]["stream"]) == ("imu-7", "imu-8")
     finally:
         for c in clients:
             c.close()

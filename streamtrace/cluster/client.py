@@ -53,7 +53,7 @@ class ClusterClient(NumberedClient):
 
     Example (with ``nats-server -js`` and a ``streamtrace worker`` running a model of one input)::
 
-        from streamtrace.adapters import EngineError
+        import numpy as np
         from streamtrace.cluster import ClusterClient
         with ClusterClient("nats://127.0.0.1:4222", stream="imu-7") as sensor:
             reply = sensor.step(np.array([0.5], np.float32))     # reply.pred, reply["loss"]
