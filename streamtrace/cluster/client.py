@@ -49,7 +49,8 @@ class ClusterClient(NumberedClient):
     creds : NATS credentials (:class:`streamtrace.cluster.Credentials`), if the server needs them.
     dedup_window : answers remembered per stream to drop a failover's repeats.
     on_answer : called in the NATS thread with each answer not waited for by ``step``, instead
-        of queueing it for ``recv`` (bridges).
+        of queueing it for ``recv`` (bridges, which send with ``send_raw`` / ``post``; ``send`` and
+        ``recv`` need the queue).
 
     Example (with ``nats-server -js`` and a ``streamtrace worker`` running a model of one input)::
 
@@ -101,7 +102,10 @@ class ClusterClient(NumberedClient):
         return L.check_stream_id(name)
 
     def _transmit(self, stream: str, seq: int, raw: bytes):
-        self.send_raw(raw, stream=stream, msg_id=f"{stream}:{seq}:{self.token}")
+        self.send_raw(raw, stream=stream, msg_id=self._msg_id(stream, seq))
+
+    def _msg_id(self, stream: str, seq: int) -> str:
+        return f"{stream}:{seq}:{self.token}"
 
     def send_raw(self, raw: bytes, *, stream: str, msg_id: str | None = None):
         """Publish bytes as they are on ``stream``'s subject (bad messages included: the worker refuses them)."""
@@ -136,7 +140,7 @@ class ClusterClient(NumberedClient):
         fut = self._loop.create_future()
         self._waiting[(name, seq)] = fut
         try:
-            await self._publish(name, raw, f"{name}:{seq}:{self.token}")
+            await self._publish(name, raw, self._msg_id(name, seq))
             return await asyncio.wait_for(fut, self.timeout_s)
         except asyncio.TimeoutError:
             return None
@@ -184,7 +188,7 @@ class ClusterClient(NumberedClient):
         sequence number is then not used up). With nothing else of the stream in flight the
         answer is awaited in the NATS thread itself (one hand-over between threads each way)."""
         name = L.check_stream_id(stream or self.stream)
-        if self.numbering.flying[name] or self.on_answer is not None:
+        if self.numbering.flying[name]:           # behind steps sent with send(): in their order
             return super().step(x, y, stream=name, mode=mode)
         seq = self.numbering.take(name)
         sample = Sample(wire.data_message(name, seq, x, y, ts=time.time(), mode=mode))
