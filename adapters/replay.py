@@ -244,23 +244,19 @@ def replay(path: str | Path, endpoint: str = DEFAULT_ENDPOINT, *, stream: str | 
         for k, i in enumerate(good):
             pacer.wait(k, None if rows.ts is None else rows.ts[i])
             y = None if rows.y is None else rows.y[i]
-            for attempt in (0, 1):     # a gap/repeat reply resyncs the client: the row goes again once
-                try:
-                    reply = client.step(rows.x[i], y)
-                except EngineError as e:
-                    if e.code in ("gap", "repeat") and attempt == 0:
-                        continue
-                    if not answered and e.code in ("bad_shape", "bad_dtype"):
-                        raise ReplayError(f"the engine refused the first row: {e} (do --columns / "
-                                          f"--target-columns match the model's inputs and outputs?)") from None
-                    refused[e.code] += 1
-                except TimeoutError:
-                    raise ReplayError(f"no answer from an engine at {endpoint} within {timeout_s:g} s: is it "
-                                      "running there (or give --serve CONFIG)?") from None
-                else:
-                    answered.append(i)
-                    preds.append(np.asarray(reply.pred, np.float64).reshape(-1))
-                break
+            try:                       # a gap/repeat reply is resynced by the client: the row goes again
+                reply = client.step(rows.x[i], y)
+            except EngineError as e:
+                if not answered and e.code in ("bad_shape", "bad_dtype"):
+                    raise ReplayError(f"the engine refused the first row: {e} (do --columns / "
+                                      f"--target-columns match the model's inputs and outputs?)") from None
+                refused[e.code] += 1
+            except TimeoutError:
+                raise ReplayError(f"no answer from an engine at {endpoint} within {timeout_s:g} s: is it "
+                                  "running there (or give --serve CONFIG)?") from None
+            else:
+                answered.append(i)
+                preds.append(np.asarray(reply.pred, np.float64).reshape(-1))
             bar(i + 1, sum(refused.values()), len(rows.bad))
     bar(len(table), sum(refused.values()), len(rows.bad), final=True)
     n_out = preds[0].size if preds else 0

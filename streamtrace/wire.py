@@ -9,7 +9,7 @@ Messages (all maps carry ``"v": 1`` and ``"type"``):
     label_ack   engine -> sensor   stream, seq, loss, applied (request/reply only)
     prediction  engine -> sensor   stream, seq, pred, loss (or nil), step, version, ts, t_engine;
                                    published on PUB also [signal]: the sample's y, else its x
-    error       engine -> sensor   code, message, [stream], [seq]
+    error       engine -> sensor   code, message, [stream], [seq], [expected]: the stream's next seq
     get_weights sensor -> engine   (request/reply only) -> a "weights" snapshot
     weights     engine -> PUB      version, kind ("snapshot" | "update"), base, params {name: array}
     stats       engine -> PUB      a map of numbers (see README)
