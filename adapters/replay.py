@@ -57,34 +57,18 @@ class Rows:
     y: np.ndarray | None            # (rows, targets) in supervised mode
     ts: np.ndarray | None           # seconds, when a time column is given
     bad: dict[int, str]             # row index -> why it is not sent
-
-
-def _pick(table: Table, names, what: str) -> list[str]:
-    out = []
-    for n in names:
-        n = n.strip()
-        if n not in table.columns and n.isdigit() and int(n) < len(table.names):
-            n = table.names[int(n)]        # a column by position
-        if n not in table.columns:
-            raise ReplayError(f"{what}: no column {n!r}; the file has {table.names}")
-        out.append(n)
-    return out
+    note: str = ""                  # time-like columns left out of the inputs (files.Columns.note)
 
 
 def select_rows(table: Table, columns=None, target_columns=None, time_column: str | None = None) -> Rows:
-    """Inputs (default: every mostly-numeric column that is neither the time nor a target),
-    targets and timestamps as arrays, and the rows that cannot be sent, with the reason."""
-    targets = _pick(table, target_columns or [], "--target-columns")
-    times = _pick(table, [time_column], "--time-column") if time_column else []
-    if columns:
-        inputs = _pick(table, columns, "--columns")
-    else:
-        def numeric(n):
-            v = np.array([number(c) for c in table.columns[n]])
-            return np.isfinite(v).sum() > len(v) / 2
-        inputs = [n for n in table.names if n not in targets + times and numeric(n)]
-    if not inputs:
-        raise ReplayError(f"no numeric input columns in {table.names}; name them with --columns")
+    """Inputs, targets and timestamps as arrays (columns chosen by
+    :func:`streamtrace.files.choose_columns`, as ``evaluate`` chooses them), and the rows that
+    cannot be sent, with the reason."""
+    try:
+        chosen = files.choose_columns(table, columns, target_columns, time_column)
+    except files.FileError as e:
+        raise ReplayError(str(e)) from None
+    inputs, targets, times = chosen.inputs, chosen.targets, [chosen.time] if chosen.time else []
     if len(table) == 0:
         raise ReplayError("the file has no data rows")
     bad: dict[int, str] = {}
@@ -105,7 +89,7 @@ def select_rows(table: Table, columns=None, target_columns=None, time_column: st
         for i in np.flatnonzero(~np.isfinite(ts)):
             bad.setdefault(int(i), f"time column {times[0]!r} is not a number or ISO date-time: "
                                    f"{table.columns[times[0]][i]!r}")
-    return Rows(inputs, targets, x, y, ts, dict(sorted(bad.items())))
+    return Rows(inputs, targets, x, y, ts, dict(sorted(bad.items())), chosen.note)
 
 
 # ---- pacing and progress ------------------------------------------------------------------------
@@ -230,6 +214,8 @@ def replay(path: str | Path, endpoint: str = DEFAULT_ENDPOINT, *, stream: str | 
     pacer = Pacer(rate, realtime)
     table = read_table(path)
     rows = select_rows(table, columns, target_columns, time_column)
+    if progress and rows.note:      # said before the replay starts, where the progress goes
+        print(f"replay: {rows.note}", file=sys.stderr, flush=True)
     stream = stream or Path(path).stem[:128] or "replay"
     mode = "supervised" if rows.targets else "forecast"
     good = [i for i in range(len(table)) if i not in rows.bad]
@@ -281,10 +267,6 @@ def _engine_config(path: str) -> tuple[str, str]:
         raise ReplayError(f"--serve {path}: {e}") from None
     return (cfg.get("sockets", {}).get("router", DEFAULT_ENDPOINT),
             cfg.get("learning", {}).get("mode", "forecast"))
-
-
-def _split(s: str | None):
-    return [c for c in s.split(",") if c.strip()] if s else None
 
 
 def _report(r: ReplayResult) -> str:
@@ -345,8 +327,8 @@ def run_cli(args) -> int:
                 engine = start_engine(Path(args.serve))
             except RuntimeError as e:
                 raise ReplayError(f"--serve {args.serve}: {e}") from None
-        r = replay(args.file, endpoint, stream=args.stream, columns=_split(args.columns),
-                   target_columns=_split(args.target_columns), time_column=args.time_column, rate=args.rate,
+        r = replay(args.file, endpoint, stream=args.stream, columns=files.split_names(args.columns),
+                   target_columns=files.split_names(args.target_columns), time_column=args.time_column, rate=args.rate,
                    realtime=args.realtime, window=args.window, timeout_s=args.timeout, progress=True,
                    nats=args.nats, creds=credentials(args) if args.nats else None)
     except (ReplayError, ConnectionError) as e:      # ConnectionError: a NATS server refused or absent
