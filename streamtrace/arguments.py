@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 
 __all__ = ["Parser", "HelpFormatter", "positive_int", "nonnegative_int", "positive_float",
-           "nonnegative_float", "port", "STACK_CHOICES"]
+           "nonnegative_float", "port", "existing_file", "output_file", "STACK_CHOICES"]
 
 # the built-in stacks (streamtrace.nn.STACKS, named here so that reading the command line loads no jax)
 STACK_CHOICES = ("gru", "lstm", "rnn", "lif", "alif", "leaky")
@@ -85,3 +86,23 @@ def nonnegative_float(text: str) -> float:
 def port(text: str) -> int:
     """A TCP port, 0..65535 (argparse type; 0: any free port). Example: ``port("5555")`` is 5555."""
     return _number(int, text, "a port 0..65535", lambda v: 0 <= v < 65536)
+
+
+def existing_file(text: str) -> str:
+    """A path to a file that exists (argparse type, for configs and inputs).
+
+    Example: ``existing_file(__file__)`` is that path."""
+    if not os.path.isfile(text):
+        raise argparse.ArgumentTypeError(f"no such file: {text!r}")
+    return text
+
+
+def output_file(text: str) -> str:
+    """A path a file can be written to: its folder exists ('' for none; argparse type).
+
+    Example: ``output_file("plot.png")`` is "plot.png" (the current folder)."""
+    folder = os.path.dirname(text) or "."
+    if text and (os.path.isdir(text) or not os.path.isdir(folder)):
+        raise argparse.ArgumentTypeError(f"cannot write {text!r}: " +
+                                         ("it is a folder" if os.path.isdir(text) else f"no folder {folder!r}"))
+    return text

@@ -23,8 +23,8 @@ import importlib
 import sys
 
 from . import __version__
-from .arguments import (STACK_CHOICES, Parser, nonnegative_float, nonnegative_int, port, positive_float,
-                        positive_int)
+from .arguments import (STACK_CHOICES, Parser, existing_file, nonnegative_float, nonnegative_int, output_file, port,
+                        positive_float, positive_int)
 from .dashboard.command import add_parser as add_dashboard_parser, listen_address
 
 __all__ = ["main", "build_parser"]
@@ -55,8 +55,8 @@ def _bridge_parsers(sub):
     buses = p.add_subparsers(dest="bus", required=True, metavar="BUS")
     for bus, text in BUSES.items():
         b = buses.add_parser(bus, help=text, description=text)
-        b.add_argument("--config", default=None, help="TOML: [bridge.%s] settings; the engine endpoint from "
-                       "[sockets] router (the serve config works)" % bus)
+        b.add_argument("--config", type=existing_file, default=None, help="TOML: [bridge.%s] settings; the "
+                       "engine endpoint from [sockets] router (the serve config works)" % bus)
         b.add_argument("--endpoint", default=None, help="the engine's router (default: the config's, or "
                        "tcp://127.0.0.1:5555)")
         b.add_argument("--nats", default=None, metavar="URL", help="send to a cluster through NATS instead "
@@ -70,8 +70,8 @@ def _bridge_parsers(sub):
 def _serve_parsers(sub):
     """``serve`` (optionally with a live dashboard beside it) and ``dashboard``."""
     p = sub.add_parser("serve", help="run the streaming engine", description="run the streaming engine")
-    p.add_argument("--config", default=None, help="TOML config file (default: none, the documented defaults; "
-                   "any key missing takes its default)")
+    p.add_argument("--config", type=existing_file, default=None, help="TOML config file (default: none, the "
+                   "documented defaults; any key missing takes its default)")
     p.add_argument("--dashboard", type=listen_address, default=None, metavar="HOST:PORT",
                    help="also serve the live dashboard here (127.0.0.1:8750 for loopback; default: none)")
     p.add_argument("--dashboard-token", default=None, help="required beyond loopback "
@@ -100,7 +100,7 @@ def _demo_learn_parsers(sub):
         p.add_argument("--steps", type=positive_int, default=steps, help="time steps" + (" per stream" if demo else ""))
         if demo:
             p.add_argument("--streams", type=positive_int, default=4, help="synthetic sensor streams")
-            p.add_argument("--plot", default="streamtrace-demo.png", help="PNG path ('' for none)")
+            p.add_argument("--plot", type=output_file, default="streamtrace-demo.png", help="PNG path ('' for none)")
             p.add_argument("--dashboard", type=listen_address, default=("127.0.0.1", 8750), metavar="HOST:PORT",
                            help="serve the live dashboard here while the demo runs (loopback; default "
                            "127.0.0.1:8750)")
@@ -112,9 +112,9 @@ def _demo_learn_parsers(sub):
 def _bench_parser(sub):
     text = "end-to-end latency against the ZeroMQ echo floor; --config: your model"
     p = sub.add_parser("bench", help=text, description=text)
-    p.add_argument("--config", default=None, help="time this serve TOML's model: compile, step p50/p99 per "
-                   "algorithm and slot count, trace memory per slot, the dispatch floor (default: none, "
-                   "the latency table)")
+    p.add_argument("--config", type=existing_file, default=None, help="time this serve TOML's model: compile, "
+                   "step p50/p99 per algorithm and slot count, trace memory per slot, the dispatch floor "
+                   "(default: none, the latency table)")
     p.add_argument("--json", action="store_true", help="with --config: print the results as JSON")
     p.add_argument("--e2e", action="store_true", help="with --config: also the end-to-end round trip vs the echo")
     p.add_argument("--iters", type=positive_int, default=1000, help="with --config: timed steps per run")
@@ -126,7 +126,7 @@ def _bench_parser(sub):
     p.add_argument("--transports", nargs="+", default=["ipc", "tcp"], choices=["ipc", "tcp"],
                    help="ZeroMQ transports measured")
     p.add_argument("--port", type=port, default=47100, help="first TCP port used")
-    p.add_argument("--out", default="", help="write the markdown table here (default '': nowhere)")
+    p.add_argument("--out", type=output_file, default="", help="write the markdown table here (default '': nowhere)")
     p.set_defaults(func=_run)
 
 
@@ -140,14 +140,15 @@ def _evaluate_parser(sub):
     p.add_argument("task", nargs="?", default="mackey-glass",
                    help="mackey-glass, narma10, lorenz, co2, sunspots, multichannel, regime-switch, "
                    "delay-recall[:D] (recall the input D steps back, default 15), or a .csv/.npy/.parquet file")
-    p.add_argument("--config", default=None, help="TOML config as serve takes (default: the forecast default); "
-                   "learning.channels forecasts those input columns only")
+    p.add_argument("--config", type=existing_file, default=None, help="TOML config as serve takes (default: "
+                   "the forecast default); learning.channels forecasts those input columns only")
     p.add_argument("--steps", type=positive_int, default=None,
                    help="default 25000 for multichannel, regime-switch, delay-recall; 6000 otherwise")
     p.add_argument("--window", type=positive_int, default=1000,
                    help="score the last W steps (regime-switch scores its own span: steps 3500..4499)")
     p.add_argument("--seed", type=nonnegative_int, default=0, help="seed of generated tasks and of the model")
-    p.add_argument("--plot", default="", help="write a PNG of predictions and error (default '': none)")
+    p.add_argument("--plot", type=output_file, default="",
+                   help="write a PNG of predictions and error (default '': none)")
     files = p.add_argument_group("a file's columns")
     files.add_argument("--columns", default=None, help=COLUMNS_HELP)
     files.add_argument("--target", "--target-columns", dest="target", default=None, metavar="COLS",
@@ -180,9 +181,11 @@ def _replay_parser(sub):
     p.add_argument("--window", type=nonnegative_int, default=1000,
                    help="score the last W steps, as evaluate does (0: all)")
     p.add_argument("--timeout", type=positive_float, default=60.0, help="seconds to wait for one answer")
-    p.add_argument("--plot", default="", help="write a PNG of predictions against targets (default '': none)")
-    p.add_argument("--out", default="", help="write every prediction with its row (.csv, or .npy; default '': none)")
-    p.add_argument("--serve", default=None, metavar="CONFIG",
+    p.add_argument("--plot", type=output_file, default="",
+                   help="write a PNG of predictions against targets (default '': none)")
+    p.add_argument("--out", type=output_file, default="",
+                   help="write every prediction with its row (.csv, or .npy; default '': none)")
+    p.add_argument("--serve", type=existing_file, default=None, metavar="CONFIG",
                    help="start an engine with this TOML config for the replay, and stop it afterwards (default: none)")
     p.set_defaults(func=_run)
 

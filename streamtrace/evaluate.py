@@ -305,8 +305,8 @@ def run_cli(args) -> int:
     from .tasks import TaskError
     inline_dispatch()       # each step is awaited at once: no hand-off to jax's worker thread
     try:
-        task = get_task(args.task, args.steps, args.seed, columns=split_names(args.columns), target=split_names(args.target),
-                        time_column=args.time_column)
+        task = get_task(args.task, args.steps, args.seed, columns=split_names(args.columns),
+                        target=split_names(args.target), time_column=args.time_column)
         if task.note:
             print(f"evaluate: {task.note}", file=sys.stderr, flush=True)
         r = evaluate(task, args.config, window=args.window, seed=args.seed,
