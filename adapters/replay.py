@@ -238,7 +238,7 @@ def replay(path: str | Path, endpoint: str = DEFAULT_ENDPOINT, *, stream: str | 
                         continue
                     if not answered and e.code in ("bad_shape", "bad_dtype"):
                         raise ReplayError(f"the engine refused the first row: {e} (do --columns / "
-                                          f"--target-columns match the model's inputs and outputs?)") from None
+                                          f"--target match the model's inputs and outputs?)") from None
                     refused[e.code] += 1
                 except TimeoutError:
                     raise ReplayError(f"no answer from an engine at {endpoint} within {timeout_s:g} s: is it "
@@ -320,8 +320,8 @@ def run_cli(args) -> int:
             endpoint = args.endpoint or router
             if (mode == "supervised") != bool(args.target_columns):
                 raise ReplayError(f"--serve {args.serve} has learning.mode = {mode!r}: " +
-                                  ("give its targets with --target-columns" if mode == "supervised" else
-                                   "--target-columns needs learning.mode = 'supervised'"))
+                                  ("give its targets with --target" if mode == "supervised" else
+                                   "--target needs learning.mode = 'supervised'"))
             read_table(args.file)      # a bad file fails before an engine is started
             try:
                 engine = start_engine(Path(args.serve))
