@@ -211,10 +211,14 @@ def build_parser() -> Parser:
 
 
 def main(argv=None) -> int:
-    """Run ``streamtrace`` with ``argv`` (default: the process's); the command's exit status.
+    """Run ``streamtrace`` with ``argv`` (default: the process's); the command's exit status
+    (2 for a bad argument, after one line on stderr; 0 after --help or --version).
 
     Example: ``main(["evaluate", "narma10", "--steps", "300"])`` prints a table and returns 0."""
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:          # argparse's exit: --help, --version, or a bad argument
+        return e.code if isinstance(e.code, int) else 2
     try:
         return args.func(args)
     except KeyboardInterrupt:

@@ -81,10 +81,9 @@ def test_the_walk_covers_every_command():
 def test_a_bad_argument_is_one_line_and_exit_2(path, tokens, named, capsys, tmp_path):
     (tmp_path / "f.csv").write_text("a\n1\n")
     parser = dict(LEAVES)[path]
-    with pytest.raises(SystemExit) as exit_:
-        main(list(path) + required_args(parser, tmp_path / "f.csv") + tokens)
+    assert main(list(path) + required_args(parser, tmp_path / "f.csv") + tokens) == 2
     out, err = capsys.readouterr()
-    assert exit_.value.code == 2 and out == ""
+    assert out == ""
     assert err.endswith("\n") and err.count("\n") == 1, err
     assert "Traceback" not in err and named in err and err.startswith("streamtrace")
 
@@ -94,10 +93,9 @@ def test_missing_required_arguments_are_one_line(path, capsys):
     parser = dict(LEAVES)[path]
     if not any(a.required or (not a.option_strings and a.nargs is None) for a in parser._actions):
         pytest.skip("nothing required")
-    with pytest.raises(SystemExit) as exit_:
-        main(list(path))
+    assert main(list(path)) == 2
     err = capsys.readouterr().err
-    assert exit_.value.code == 2 and err.count("\n") == 1 and "required" in err
+    assert err.count("\n") == 1 and "required" in err
 
 
 @pytest.mark.parametrize("argv", [["demo", "--model", "transformer"], ["learn", "--model", "foo"],
@@ -105,10 +103,9 @@ def test_missing_required_arguments_are_one_line(path, capsys):
                                   ["evaluate", "--config", "/no/such.toml"], ["replay", "f.csv", "--rate", "nan"],
                                   [], ["cluster"], ["bridge"]])
 def test_the_reported_cases(argv, capsys):
-    with pytest.raises(SystemExit) as exit_:
-        main(argv)
+    assert main(argv) == 2
     err = capsys.readouterr().err
-    assert exit_.value.code == 2 and err.count("\n") == 1 and "Traceback" not in err
+    assert err.count("\n") == 1 and "Traceback" not in err
 
 
 @pytest.mark.parametrize("argv, words", [
@@ -124,9 +121,8 @@ def test_bad_values_found_when_the_command_runs_are_one_line(argv, words, capsys
 
 
 def test_version(capsys):
-    with pytest.raises(SystemExit) as exit_:
-        main(["--version"])
-    assert exit_.value.code == 0 and capsys.readouterr().out.strip() == f"streamtrace {__version__}"
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"streamtrace {__version__}"
 
 
 @pytest.mark.parametrize("path", [p for p, _ in LEAVES], ids=[" ".join(p) for p, _ in LEAVES])
@@ -141,8 +137,7 @@ def test_every_option_has_help_and_shows_its_default(path):
 
 
 def test_top_help_lists_every_command_without_rst(capsys):
-    with pytest.raises(SystemExit):
-        main(["--help"])
+    assert main(["--help"]) == 0
     text = capsys.readouterr().out
     assert "``" not in text and "`" not in text
     for name in {p[0] for p, _ in LEAVES}:
@@ -153,3 +148,13 @@ def test_stack_choices_are_the_built_in_stacks():
     from streamtrace.arguments import STACK_CHOICES
     from streamtrace.nn import STACKS
     assert tuple(STACK_CHOICES) == tuple(STACKS)
+
+
+def test_the_installed_command_too():
+    """Through ``python -m streamtrace`` (what the console script runs): exit status 2, one line."""
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-m", "streamtrace", "demo", "--model", "transformer"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and out.stdout == "" and out.stderr.count("\n") == 1
+    assert out.stderr.startswith("streamtrace demo: error: argument --model: invalid choice: 'transformer'")
