@@ -21,7 +21,15 @@ STACK_CHOICES = ("gru", "lstm", "rnn", "lif", "alif", "leaky")
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     """Descriptions as written; each option's help ends with its default unless it names one
-    already (a flag's default, off, is not shown)."""
+    already (a flag's default, off, is not shown).
+
+    Example::
+
+        >>> p = argparse.ArgumentParser(formatter_class=HelpFormatter)
+        >>> _ = p.add_argument("--rate", type=float, default=10.0, help="updates per second")
+        >>> "updates per second (default: 10.0)" in p.format_help()
+        True
+    """
 
     def _get_help_string(self, action):
         text = action.help or ""
