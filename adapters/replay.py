@@ -16,7 +16,6 @@ import json
 import math
 import sys
 import time
-import tomllib
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -260,13 +259,14 @@ def replay(path: str | Path, endpoint: str = DEFAULT_ENDPOINT, *, stream: str | 
 
 # ---- command line --------------------------------------------------------------------------------
 def _engine_config(path: str) -> tuple[str, str]:
-    """The router address and learning mode a config file gives the engine."""
+    """The router address and learning mode a config file gives the engine (checked as the
+    engine checks it, so that a bad config is one line here, not the engine's exit)."""
+    from streamtrace.engine.config import ConfigError, load_config
     try:
-        cfg = tomllib.loads(Path(path).read_text())
-    except (OSError, tomllib.TOMLDecodeError) as e:
-        raise ReplayError(f"--serve {path}: {e}") from None
-    return (cfg.get("sockets", {}).get("router", DEFAULT_ENDPOINT),
-            cfg.get("learning", {}).get("mode", "forecast"))
+        cfg = load_config(path)
+    except ConfigError as e:
+        raise ReplayError(f"--serve {path}: " + " ".join(str(e).removeprefix(f"--config: {path}: ").split())) from None
+    return cfg.sockets.router, cfg.learning.mode
 
 
 def _report(r: ReplayResult) -> str:

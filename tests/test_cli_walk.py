@@ -120,6 +120,18 @@ def test_bad_values_found_when_the_command_runs_are_one_line(argv, words, capsys
     assert err.count("\n") == 1 and words in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("text, words", [("[model\n", "invalid TOML"), ('[model]\nstak = "gru"\n', "model.stak")],
+                         ids=["bad TOML", "unknown key"])
+@pytest.mark.parametrize("argv", [["serve", "--config"], ["bench", "--config"], ["evaluate", "narma10", "--config"],
+                                  ["dashboard", "--config"], ["replay", "rows.csv", "--serve"]],
+                         ids=lambda a: a[0])
+def test_a_bad_config_file_is_one_line(argv, text, words, tmp_path, capsys):
+    (tmp_path / "c.toml").write_text(text)
+    assert main(argv + [str(tmp_path / "c.toml")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and words in err and "Traceback" not in err
+
+
 def test_version(capsys):
     assert main(["--version"]) == 0
     assert capsys.readouterr().out.strip() == f"streamtrace {__version__}"

@@ -77,8 +77,12 @@ def run_cli(args) -> int:
     from .access import DashboardError, connect_address
     pub = args.pub
     if pub is None:
-        from ..engine import load_config
-        pub = connect_address(load_config(args.config).sockets.pub)
+        from ..engine import ConfigError, load_config
+        try:
+            pub = connect_address(load_config(args.config).sockets.pub)
+        except ConfigError as e:
+            print("config error: " + " ".join(str(e).split()), file=sys.stderr)
+            return 2
     token = args.token or os.environ.get("STREAMTRACE_DASHBOARD_TOKEN")
     try:
         if not 0.1 <= args.rate <= 50:
