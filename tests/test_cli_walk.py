@@ -132,6 +132,17 @@ def test_a_bad_config_file_is_one_line(argv, text, words, tmp_path, capsys):
     assert err.count("\n") == 1 and words in err and "Traceback" not in err
 
 
+def test_no_nats_server_is_one_line(capsys):
+    try:
+        import nats  # noqa: F401
+        words = "cannot connect to NATS at nats://127.0.0.1:1"
+    except ImportError:
+        words = "pip install 'streamtrace[cluster]'"
+    assert main(["cluster", "status", "--nats", "nats://127.0.0.1:1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and words in err
+
+
 def test_version(capsys):
     assert main(["--version"]) == 0
     assert capsys.readouterr().out.strip() == f"streamtrace {__version__}"

@@ -60,6 +60,9 @@ def cmd_worker(args) -> int:
     except ConnectionError as e:
         print(f"worker: {e}", file=sys.stderr)
         return 2
+    except ImportError as e:
+        print(f"worker needs the optional extra: pip install 'streamtrace[cluster]' ({e})", file=sys.stderr)
+        return 2
 
 
 def cmd_up(args) -> int:
@@ -105,7 +108,14 @@ def cmd_status(args) -> int:
             return await gather(nc)
         finally:
             await nc.close()
-    st = asyncio.run(main())
+    try:
+        st = asyncio.run(main())
+    except ConnectionError as e:        # no NATS server there, or it refused the credentials
+        print(f"cluster status: {e}", file=sys.stderr)
+        return 2
+    except ImportError as e:
+        print(f"cluster status needs the optional extra: pip install 'streamtrace[cluster]' ({e})", file=sys.stderr)
+        return 2
     print(json.dumps(st, indent=1) if args.json else format_status(st))
     return 0
 
