@@ -163,6 +163,7 @@ class ReplayResult:
     persistence_nrmse: float = math.nan
     nrmse_all: float = math.nan                 # over every scored step (nrmse: the last ``window``)
     note: str = ""                              # why metrics are missing, when they are
+    channels: list | None = None                # forecast: the inputs (by position) the engine predicts
 
     def summary(self) -> dict:
         clean = lambda v: None if isinstance(v, float) and not math.isfinite(v) else v  # noqa: E731
@@ -180,13 +181,15 @@ def _score(result: ReplayResult, rows: Rows, window: int):
     if len(idx) < 3:
         result.note = "fewer than 3 answered rows: nothing to score"
         return
-    if result.mode == "forecast":      # answer j predicts the next answered row's inputs
-        pred, target, last = p[:-1], rows.x[idx[1:]], rows.x[idx[:-1]]
+    if result.mode == "forecast":      # answer j predicts the next answered row's inputs (or its channels)
+        cols = result.channels or slice(None)
+        pred, target, last = p[:-1], rows.x[idx[1:]][:, cols], rows.x[idx[:-1]][:, cols]
     else:                              # answer j predicts row j's targets; persistence: row j-1's
         pred, target, last = p[1:], rows.y[idx[1:]], rows.y[idx[:-1]]
     if pred.shape[1] != target.shape[1]:
         result.note = (f"the engine predicts {pred.shape[1]} values, the rows have {target.shape[1]} "
-                       f"{'inputs' if result.mode == 'forecast' else 'targets'}: not scored")
+                       f"{'inputs' if result.mode == 'forecast' else 'targets'}: not scored" +
+                       (" (a forecast of some inputs: give them with --channels)" if result.mode == "forecast" else ""))
         return
     w = window if 0 < window < len(target) else len(target)
     result.scored_predictions, result.scored_targets = pred[-w:], target[-w:]
@@ -201,9 +204,11 @@ def _score(result: ReplayResult, rows: Rows, window: int):
 def replay(path: str | Path, endpoint: str = DEFAULT_ENDPOINT, *, stream: str | None = None, columns=None,
            target_columns=None, time_column: str | None = None, rate: float | None = None,
            realtime: bool = False, window: int = 1000, timeout_s: float = 60.0, progress: bool = False,
-           nats: str | None = None, creds=None) -> ReplayResult:
+           nats: str | None = None, creds=None, channels=None) -> ReplayResult:
     """Send every good row of ``path`` to the engine at ``endpoint`` and score its answers.
     With ``target_columns`` the rows carry ``y`` (the engine must be in supervised mode).
+    ``channels``: the input columns (positions among the inputs) a forecast engine predicts, its
+    ``learning.channels`` (None: all of them).
     With ``nats`` (a URL), to a cluster through NATS instead (streamtrace[cluster]; ``creds``:
     its ``Credentials``)."""
     if rate is not None and realtime:
@@ -213,6 +218,7 @@ def replay(path: str | Path, endpoint: str = DEFAULT_ENDPOINT, *, stream: str | 
     pacer = Pacer(rate, realtime)
     table = read_table(path)
     rows = select_rows(table, columns, target_columns, time_column)
+    channels = _channels(channels, rows)
     if progress and rows.note:      # said before the replay starts, where the progress goes
         print(f"replay: {rows.note}", file=sys.stderr, flush=True)
     stream = stream or Path(path).stem[:128] or "replay"
@@ -253,20 +259,32 @@ def replay(path: str | Path, endpoint: str = DEFAULT_ENDPOINT, *, stream: str | 
                           {i: f"{table.where[i]}: {why}" for i, why in rows.bad.items()}, refused,
                           time.perf_counter() - t0, np.array(answered, int),
                           np.array(preds, np.float64).reshape(len(preds), n_out))
+    result.channels = channels
     _score(result, rows, window)
     return result
 
 
+def _channels(channels, rows: Rows) -> list | None:
+    if not channels:
+        return None
+    if rows.targets:
+        raise ReplayError("--channels chooses what a forecast predicts: not with --target")
+    if len(set(channels)) != len(channels) or not all(0 <= c < len(rows.inputs) for c in channels):
+        raise ReplayError(f"--channels {channels}: need distinct positions among the {len(rows.inputs)} inputs "
+                          f"{rows.inputs} (0..{len(rows.inputs) - 1})")
+    return list(channels)
+
+
 # ---- command line --------------------------------------------------------------------------------
-def _engine_config(path: str) -> tuple[str, str]:
-    """The router address and learning mode a config file gives the engine (checked as the
-    engine checks it, so that a bad config is one line here, not the engine's exit)."""
+def _engine_config(path: str) -> tuple[str, str, list]:
+    """The router address, learning mode and forecast channels a config file gives the engine
+    (checked as the engine checks it, so that a bad config is one line here, not the engine's exit)."""
     from streamtrace.engine.config import ConfigError, load_config
     try:
         cfg = load_config(path)
     except ConfigError as e:
         raise ReplayError(f"--serve {path}: " + " ".join(str(e).removeprefix(f"--config: {path}: ").split())) from None
-    return cfg.sockets.router, cfg.learning.mode
+    return cfg.sockets.router, cfg.learning.mode, list(cfg.learning.channels)
 
 
 def _report(r: ReplayResult) -> str:
@@ -298,7 +316,7 @@ def write_predictions(r: ReplayResult, path: str | Path):
     if str(path).lower().endswith(".npy"):
         np.save(path, table)
         return
-    names = r.inputs if r.mode == "forecast" else r.targets
+    names = ([r.inputs[c] for c in r.channels] if r.channels else r.inputs) if r.mode == "forecast" else r.targets
     if len(names) != r.predictions.shape[1]:
         names = [str(j) for j in range(r.predictions.shape[1])]
     header = ",".join(["row"] + [f"pred_{n}" for n in names])
@@ -314,9 +332,10 @@ def run_cli(args) -> int:
     try:
         if stray_credential(args):
             raise ReplayError(f"{stray_credential(args)} is a NATS option: it needs --nats URL")
-        endpoint = args.endpoint or DEFAULT_ENDPOINT
+        endpoint, channels = args.endpoint or DEFAULT_ENDPOINT, args.channels
         if args.serve:
-            router, mode = _engine_config(args.serve)
+            router, mode, served = _engine_config(args.serve)
+            channels = channels or served
             endpoint = args.endpoint or router
             if (mode == "supervised") != bool(args.target_columns):
                 raise ReplayError(f"--serve {args.serve} has learning.mode = {mode!r}: " +
@@ -330,7 +349,7 @@ def run_cli(args) -> int:
         r = replay(args.file, endpoint, stream=args.stream, columns=files.split_names(args.columns),
                    target_columns=files.split_names(args.target_columns), time_column=args.time_column, rate=args.rate,
                    realtime=args.realtime, window=args.window, timeout_s=args.timeout, progress=True,
-                   nats=args.nats, creds=credentials(args) if args.nats else None)
+                   nats=args.nats, creds=credentials(args) if args.nats else None, channels=channels)
     except (ReplayError, ConnectionError) as e:      # ConnectionError: a NATS server refused or absent
         print(f"replay: {e}", file=sys.stderr)
         return 2

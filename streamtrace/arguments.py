@@ -13,7 +13,8 @@ import os
 import sys
 
 __all__ = ["Parser", "HelpFormatter", "positive_int", "nonnegative_int", "positive_float",
-           "nonnegative_float", "port", "existing_file", "output_file", "STACK_CHOICES"]
+           "nonnegative_float", "port", "existing_file", "output_file", "index_list",
+           "STACK_CHOICES"]
 
 # the built-in stacks (streamtrace.nn.STACKS, named here so that reading the command line loads no jax)
 STACK_CHOICES = ("gru", "lstm", "rnn", "lif", "alif", "leaky")
@@ -114,3 +115,13 @@ def output_file(text: str) -> str:
         raise argparse.ArgumentTypeError(f"cannot write {text!r}: " +
                                          ("it is a folder" if os.path.isdir(text) else f"no folder {folder!r}"))
     return text
+
+
+def index_list(text: str) -> list[int]:
+    """Comma-separated positions, each an integer >= 0 (argparse type).
+
+    Example: ``index_list("1, 2")`` is [1, 2]."""
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts or not all(p.isdigit() for p in parts):
+        raise argparse.ArgumentTypeError(f"expected positions 0, 1, ... separated by commas; got {text!r}")
+    return [int(p) for p in parts]

@@ -23,8 +23,8 @@ import importlib
 import sys
 
 from . import __version__
-from .arguments import (STACK_CHOICES, Parser, existing_file, nonnegative_float, nonnegative_int, output_file, port,
-                        positive_float, positive_int)
+from .arguments import (STACK_CHOICES, Parser, existing_file, index_list, nonnegative_float, nonnegative_int,
+                        output_file, port, positive_float, positive_int)
 from .dashboard.command import add_parser as add_dashboard_parser, listen_address
 
 __all__ = ["main", "build_parser"]
@@ -174,6 +174,9 @@ def _replay_parser(sub):
                    help="targets sent as y to a supervised engine: y1,y2 (default: none, a forecast)")
     p.add_argument("--time-column", default=None, help="timestamps (seconds or ISO 8601), for --realtime "
                    "(default: none named)")
+    p.add_argument("--channels", type=index_list, default=None, metavar="I,J",
+                   help="the inputs (positions among them) a forecast engine predicts, its learning.channels "
+                   "(default: those of --serve's config, else all)")
     pace = p.add_mutually_exclusive_group()
     pace.add_argument("--rate", type=positive_float, default=None,
                       help="rows per second (default: as fast as possible)")

@@ -174,3 +174,47 @@ def test_cli_target_column_supervised(tmp_path, capsys):
                  "--window", "40"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["steps"] == 150
+
+
+def test_replay_scores_a_forecast_of_some_channels(tmp_path, monkeypatch):
+    """With channels = [1] (the engine's learning.channels) the answer to row k predicts row
+    k+1's column 1 only; persistence is row k's column 1. The engine is a fake whose answer is a
+    known function of the row, so the NRMSE is computed by hand."""
+    from streamtrace.adapters.replay import replay, write_predictions
+
+    class Fake:
+        def __init__(self, *a, **k):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+        def step(self, xs, ys=None):
+            assert xs.shape == (2,) and ys is None                   # both columns go in
+            return type("R", (), {"pred": np.array([0.9 * xs[1] + 0.1 * xs[0]])})()
+
+    a, b = signals(60)
+    path = tmp_path / "two.csv"
+    rows = write(path, ["drive", "level"], [a, b])
+    monkeypatch.setattr("streamtrace.adapters.replay.SensorClient", Fake)
+    r = replay(path, "ipc:///nowhere", channels=[1])
+    pred, target, last = 0.9 * b[:-1] + 0.1 * a[:-1], b[1:], b[:-1]
+    rmse = lambda p: np.sqrt(np.mean((p - target) ** 2)) / target.std()     # noqa: E731
+    assert r.nrmse == pytest.approx(rmse(pred), rel=1e-12)
+    assert r.persistence_nrmse == pytest.approx(rmse(last), rel=1e-12)
+    write_predictions(r, tmp_path / "p.csv")
+    assert (tmp_path / "p.csv").read_text().splitlines()[0] == "row,pred_level"
+    np.testing.assert_array_equal(rows[:, 1], b)
+    with pytest.raises(ReplayError, match=r"--channels \[2\]: need distinct positions among the 2 inputs"):
+        replay(path, "ipc:///nowhere", channels=[2])
+    assert "give them with --channels" in replay(path, "ipc:///nowhere").note     # all inputs: not scored
+
+
+def test_replay_takes_the_channels_of_the_served_config(tmp_path):
+    from streamtrace.adapters.replay import _engine_config
+    cfg = _toml(tmp_path, {"model": {"stack": "gru", "n_in": 2, "n_out": 1}, "learning": {"channels": [1]},
+                           "sockets": {"router": "ipc:///tmp/x-router"}})
+    assert _engine_config(str(cfg)) == ("ipc:///tmp/x-router", "forecast", [1])
