@@ -11,7 +11,6 @@ changes mid-stream, scored just after the change: ``Task.score``) and ``delay-re
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
