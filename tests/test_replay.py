@@ -130,7 +130,8 @@ def test_engine_refusals_are_counted_and_the_replay_goes_on(tmp_path, hand_engin
     """A value beyond float32 passes the file check but the engine refuses it (not_finite)."""
     path = tmp_path / "huge.csv"
     path.write_text("a,b\n" + "".join(f"{0.1 * i},{'1e300' if i == 5 else 0.2 * i}\n" for i in range(12)))
-    r = replay(path, hand_engine()["router"], stream="huge")
+    # a is an exact ramp (time-like): named, so that it is sent as data
+    r = replay(path, hand_engine()["router"], stream="huge", columns=["a", "b"])
     assert dict(r.refused) == {"not_finite": 1} and r.answered == 11 and r.sent == 12
     assert 5 not in r.rows_answered.tolist()
 

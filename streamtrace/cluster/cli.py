@@ -14,15 +14,15 @@ __all__ = ["add_parsers", "credential_args", "credentials", "stray_credential"]
 
 def credential_args(p):
     """The NATS credential and TLS flags every command that talks to a cluster takes."""
-    g = p.add_argument_group("NATS credentials and TLS")
-    g.add_argument("--token", default=None)
-    g.add_argument("--user", default=None)
-    g.add_argument("--password", default=None)
+    g = p.add_argument_group("NATS credentials and TLS (with --nats)")
+    g.add_argument("--token", default=None, help="the NATS server's token")
+    g.add_argument("--user", default=None, help="NATS user name (with --password)")
+    g.add_argument("--password", default=None, help="NATS password (with --user)")
     g.add_argument("--creds", default=None, help="a .creds file (JWT + nkey)")
     g.add_argument("--nkey", default=None, help="a file holding an nkey seed")
-    g.add_argument("--tls-ca", default=None)
-    g.add_argument("--tls-cert", default=None)
-    g.add_argument("--tls-key", default=None)
+    g.add_argument("--tls-ca", default=None, help="CA certificate file that verifies the server")
+    g.add_argument("--tls-cert", default=None, help="client certificate file (with --tls-key)")
+    g.add_argument("--tls-key", default=None, help="client private key file (with --tls-cert)")
 
 
 CREDENTIAL_FLAGS = ("token", "user", "password", "creds", "nkey", "tls_ca", "tls_cert", "tls_key")
@@ -59,6 +59,9 @@ def cmd_worker(args) -> int:
         return 2
     except ConnectionError as e:
         print(f"worker: {e}", file=sys.stderr)
+        return 2
+    except ImportError as e:
+        print(f"worker needs the optional extra: pip install 'streamtrace[cluster]' ({e})", file=sys.stderr)
         return 2
 
 
@@ -105,39 +108,56 @@ def cmd_status(args) -> int:
             return await gather(nc)
         finally:
             await nc.close()
-    st = asyncio.run(main())
+    try:
+        st = asyncio.run(main())
+    except ConnectionError as e:        # no NATS server there, or it refused the credentials
+        print(f"cluster status: {e}", file=sys.stderr)
+        return 2
+    except ImportError as e:
+        print(f"cluster status needs the optional extra: pip install 'streamtrace[cluster]' ({e})", file=sys.stderr)
+        return 2
     print(json.dumps(st, indent=1) if args.json else format_status(st))
     return 0
 
 
 def add_parsers(sub):
-    p = sub.add_parser("worker", help="join a NATS JetStream cluster as a worker (streamtrace[cluster])")
+    """The ``worker`` and ``cluster up | status`` commands' parsers (no NATS import here)."""
+    from ..arguments import existing_file, port, positive_float, positive_int
+    text = "join a NATS JetStream cluster as a worker (streamtrace[cluster])"
+    p = sub.add_parser("worker", help=text, description=text)
     p.add_argument("--nats", required=True, help="the NATS server URL, e.g. nats://127.0.0.1:4222")
-    p.add_argument("--config", default=None, help="engine TOML (model, learning, engine.slots)")
-    p.add_argument("--partitions", type=int, default=None, help="P, when this worker creates the log (default 16)")
-    p.add_argument("--lease-ttl", type=float, default=2.0,
+    p.add_argument("--config", type=existing_file, default=None,
+                   help="engine TOML (model, learning, engine.slots; default: none, the documented defaults)")
+    p.add_argument("--partitions", type=positive_int, default=None,
+                   help="P, when this worker creates the log (default 16)")
+    p.add_argument("--lease-ttl", type=positive_float, default=2.0,
                    help="seconds a silent owner keeps its partitions (failover takes about this + 1-2 s)")
-    p.add_argument("--checkpoint-every", type=int, default=200, help="messages per partition between checkpoints")
-    p.add_argument("--checkpoint-interval", type=float, default=1.0, help="seconds at most between a "
+    p.add_argument("--checkpoint-every", type=positive_int, default=200,
+                   help="messages per partition between checkpoints")
+    p.add_argument("--checkpoint-interval", type=positive_float, default=1.0, help="seconds at most between a "
                    "partition's checkpoints while it has new steps (what a failover replays)")
-    p.add_argument("--prometheus-port", type=int, default=0, help="serve Prometheus metrics on 127.0.0.1 (0: off)")
-    p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("--prometheus-port", type=port, default=0, help="serve Prometheus metrics on 127.0.0.1 (0: off)")
+    p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     credential_args(p)
     p.set_defaults(func=cmd_worker)
-    p = sub.add_parser("cluster", help="a local NATS cluster: up, status")
-    cs = p.add_subparsers(dest="action", required=True)
-    up = cs.add_parser("up", help="start nats-server (JetStream) and N workers; Ctrl-C stops all")
-    up.add_argument("--workers", type=int, default=2)
-    up.add_argument("--config", default=None)
+    text = "a local NATS cluster: up, status"
+    p = sub.add_parser("cluster", help=text, description=text)
+    cs = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    text = "start nats-server (JetStream) and N workers; Ctrl-C stops all"
+    up = cs.add_parser("up", help=text, description=text)
+    up.add_argument("--workers", type=positive_int, default=2, help="worker processes")
+    up.add_argument("--config", type=existing_file, default=None,
+                    help="the workers' engine TOML (default: none, the defaults)")
     up.add_argument("--host", default="127.0.0.1", help="bind address (beyond loopback needs --token)")
-    up.add_argument("--port", type=int, default=4222)
+    up.add_argument("--port", type=port, default=4222, help="the NATS server's port")
     up.add_argument("--store", default=None, help="JetStream store folder (default: a temp folder)")
-    up.add_argument("--partitions", type=int, default=16)
-    up.add_argument("--token", default=None)
+    up.add_argument("--partitions", type=positive_int, default=16, help="partitions of the stream log")
+    up.add_argument("--token", default=None, help="a token clients must give (default: none, loopback only)")
     up.add_argument("--allow-anonymous", action="store_true", help="bind beyond loopback without credentials")
     up.set_defaults(func=cmd_up)
-    st = cs.add_parser("status", help="partitions -> owner, epoch, lag, checkpoint age; workers")
-    st.add_argument("--nats", default="nats://127.0.0.1:4222")
-    st.add_argument("--json", action="store_true")
+    text = "partitions -> owner, epoch, lag, checkpoint age; workers"
+    st = cs.add_parser("status", help=text, description=text)
+    st.add_argument("--nats", default="nats://127.0.0.1:4222", help="the NATS server URL")
+    st.add_argument("--json", action="store_true", help="print the status as JSON")
     credential_args(st)
     st.set_defaults(func=cmd_status)

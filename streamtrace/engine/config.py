@@ -85,7 +85,8 @@ class LearningConfig:
     learn_every: int = 1
     channels: list = field(default_factory=list)   # forecast: the input channels to predict ([]: all)
     horizon: int = 1             # forecast: predict the next `horizon` values every step
-    label_delay: int = 0         # supervised: a `label` message may come up to this many steps late
+    label_delay: int = 0         # supervised: the `label` of seq t may come until data seq t + label_delay
+                                 # (after at most label_delay - 1 later data messages)
     forecast_before_update: bool = False   # forecast: predict with the weights as they were before
                                  # this step's update, so the reply can leave before it runs
                                  # (engine.reply_first; its quality cost: docs/configuration.md)

@@ -30,6 +30,11 @@ __all__ = ["EngineCore", "Stream", "subset_sizes"]
 
 log = logging.getLogger("streamtrace.engine")
 
+# a refused label in its stream's terms (the learner counts steps back in a slot, which users never see)
+LABEL_REFUSALS = {"unknown_label": "data message seq {seq} left nothing to label (it did not learn: "
+                                   "mode 'predict', or a step that was skipped)",
+                  "already_labelled": "seq {seq} was already labelled"}
+
 
 def subset_sizes(slots: int) -> list[int]:
     """Busy-slot counts with a call of their own (see EngineCore): 2 <= m <= slots / 4."""
@@ -302,7 +307,8 @@ class EngineCore(Ticks):
             if not ack:          # the data message was answered; its y could not be learned from
                 self.metrics.count("labels_refused")
                 return out
-            return out + self._refuse(origin, e.code, f"stream '{name}': seq {seq}: {e}", name, seq)
+            why = LABEL_REFUSALS.get(e.code, "seq {seq}: {error}").format(seq=seq, error=e)
+            return out + self._refuse(origin, e.code, f"stream '{name}': {why}", name, seq)
         self.metrics.count("labels")
         self.metrics.count("updates", int(res.applied))
         self.metrics.loss(name, res.loss)

@@ -41,9 +41,9 @@ def _value(given, cls, name):
     return given
 
 
-_LABEL_MESSAGES = {1: "slot {slot} has no learning step {age} steps back (none yet, or it did not learn)",
+_LABEL_MESSAGES = {1: "no learning step {age} steps back (none yet, or it did not learn)",
                    2: "the step {age} steps back is beyond label_delay",
-                   3: "the step {age} steps back of slot {slot} was already labelled",
+                   3: "the step {age} steps back was already labelled",
                    4: "label contains NaN or Inf"}
 
 
