@@ -17,10 +17,13 @@ What is not read, to keep the check off the step's critical path (measured: benc
   finite). They are left as the step wrote them: a rollback restores the small arrays, which
   are all of a small model's state;
 - the small arrays the step keeps finite itself (``GUARDED``: weights, moments, traces; the
-  hidden state, counters, scores and screen statistics, written only where their new values are
-  finite) are put back with the rest but not checked, so the check waits on little: it reads the
-  transforms' statistics, the experts' state, the pending forecast and the readout's small arrays
-  (measured: bench/glitch_cost.py).
+  hidden state, counters, scores, screen statistics and an RLS readout's weights, written only
+  where their new values are finite) are put back with the rest but not checked: the check
+  reads the transforms' statistics, the experts' state and the pending forecast.
+
+Its cost is the gate itself: every small array the step writes waits for the check. On the
+GRU learners of the speed targets it is within noise; on the default learner (many small
+parts) it is measurable (bench/glitch_cost.py, docs/benchmarks.md).
 """
 from __future__ import annotations
 
@@ -32,7 +35,7 @@ __all__ = ["RolledBack", "BIG"]
 BIG = 2048     # values in an array from which it is left to its own guard (the packed-state cut)
 # kept finite by the step itself: weights, moments and traces value by value; a slot's hidden
 # state, counters, scores and screen statistics only where their new values are finite
-GUARDED = ("params", "opt", "acc", "traces", "hidden", "stats", "screen")
+GUARDED = ("params", "opt", "acc", "traces", "hidden", "stats", "screen", "readout")
 
 
 def _finite(leaves) -> jax.Array:
