@@ -11,6 +11,7 @@ bench   end-to-end latency: sensor -> engine -> prediction round trips, with a b
 learn   the engine-free online learning demo (one process, loss printed as it falls)
 evaluate  prequential one-step-ahead quality of a config on a task or a CSV/NPY file
 replay  send a recorded CSV/NPY/Parquet file to an engine row by row and score its predictions
+export  compile a learner ahead of time for the jax-free runner on a device (docs/devices.md)
 worker, cluster up | status   scale out on NATS JetStream (streamtrace[cluster]; docs/cluster.md)
 """
 from __future__ import annotations
@@ -20,6 +21,7 @@ import importlib
 import sys
 
 from .dashboard.command import add_parser as add_dashboard_parser, listen_address
+from .export.cli import add_parser as add_export_parser
 
 __all__ = ["main"]
 
@@ -116,6 +118,7 @@ def main(argv=None) -> int:
             p.add_argument("--no-dashboard", dest="dashboard", action="store_const", const=None)
         p.set_defaults(func=_run)
     _bench_parser(sub)
+    add_export_parser(sub)
     p = sub.add_parser("evaluate", help="prequential one-step-ahead quality of a config on a task or file")
     p.add_argument("task", nargs="?", default="mackey-glass",
                    help="mackey-glass, narma10, lorenz, co2, sunspots, multichannel, regime-switch, "
