@@ -30,5 +30,7 @@ def compiler_flags(target: str) -> list[str]:
     if target not in TARGETS:
         raise ValueError(f"unknown target {target!r}: one of {', '.join(TARGETS)}")
     triple = TARGETS[target][0]
+    # a named triple: its baseline instruction set ("generic"), so the module runs on every
+    # CPU of that architecture
     return _COMMON + (["--iree-llvmcpu-target-cpu=host"] if triple is None
-                      else [f"--iree-llvmcpu-target-triple={triple}"])
+                      else ["--iree-llvmcpu-target-cpu=generic", f"--iree-llvmcpu-target-triple={triple}"])

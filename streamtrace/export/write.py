@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ..checkpoints import write_checkpoint
-from .learner import learner_from_config
+from .learner import learner_of, load_config
 from .program import ExportError, compile_program, step_program
 from .state_map import SHIFT, StateMap
 from .targets import TARGETS
@@ -79,8 +79,9 @@ def export_learner(config, out, target: str = "host", slots: int = 1) -> dict:
         raise ExportError(f"--target {target!r}: one of {', '.join(TARGETS)}")
     if slots < 1:
         raise ExportError(f"--slots {slots}: at least 1")
-    cfg, learner = learner_from_config(config, slots)
+    cfg = load_config(config)
     _check_exportable(cfg)
+    learner = learner_of(cfg, slots)
     text, ins, outs, tanh = step_program(learner)
     vmfb = compile_program(text, target)
     folder = Path(out)
