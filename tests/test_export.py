@@ -129,10 +129,10 @@ def test_manifest_names_the_program(exported):
 def test_runner_equals_the_default_learner(exported):
     """The default learner (float64, reservoir + GRU beside it, RLS readout, experts,
     normaliser) over 600 Mackey-Glass steps. Before its normaliser's warm-up the model is
-    not used and the runner equals jax to 1.4e-16 (measured); after it the two compilers'
+    not used and the runner equals jax bit for bit (measured); after it the two compilers'
     last-bit differences (a 200-unit product summed in another order) pass through an RLS
-    readout started at P = I / 1e-8: measured 1.8e-4 relative at most, NRMSE equal to 5
-    digits."""
+    readout started at P = I / 1e-8: measured 1.0e-4 relative at most (median 4.7e-8), NRMSE
+    equal to 6.0e-6 relative."""
     folder = exported("default")
     xs = mackey_glass(601)
     ref, got = _side_by_side(_learner("default", folder), Runner(folder), xs[:600])
@@ -143,8 +143,7 @@ def test_runner_equals_the_default_learner(exported):
 
 
 def test_runner_equals_a_float32_gru(exported):
-    """GRU-16 float32, D-RTRL, Adam: 300 steps; measured 6.5e-6 relative at most (2.5e-5 over
-    2,000 steps)."""
+    """GRU-16 float32, D-RTRL, Adam: 300 steps; measured 1.5e-6 relative at most."""
     folder = exported("gru")
     xs = mackey_glass(300)
     ref, got = _side_by_side(_learner("gru", folder), Runner(folder), xs)
@@ -218,13 +217,14 @@ def test_export_cli_refuses_in_one_line(tmp_path):
 
 # ---- 64-bit ARM under qemu-user ---------------------------------------------------------
 
-def _qemu_steps(folder: Path, xs, work: Path) -> np.ndarray:
+def _qemu_steps(folder: Path, xs, work: Path):
     """The aarch64 module of ``folder`` stepped on xs by IREE's aarch64 iree-run-module under
-    qemu-aarch64, the state carried from one call to the next as .npy files: the output
-    vectors."""
+    qemu-aarch64, the state carried from one call to the next as .npy files: (the output
+    vectors, the last state as checkpoint arrays)."""
     m = json.loads((folder / "manifest.json").read_text())
     arrays, _ = read_checkpoint(folder / "state.npz")
-    state = StateMap.load(folder, m["buffers"]).buffers(arrays)
+    smap = StateMap.load(folder, m["buffers"])
+    state = smap.buffers(arrays)
     (x_shape, x_dt), y, active, learn = (m["inputs"][k] for k in ("x", "y", "active", "learn"))
     out = []
     for x in xs:
@@ -240,26 +240,32 @@ def _qemu_steps(folder: Path, xs, work: Path) -> np.ndarray:
         assert run.returncode == 0, run.stderr[-2000:]
         state = [np.load(work / f"out{i}.npy") for i in range(len(state))]
         out.append(np.load(work / f"out{len(state)}.npy"))
-    return np.array(out)
+    return np.array(out), smap.named(state)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name, tolerance", [("default", 1e-13), ("gru", 1e-5)])
+@pytest.mark.parametrize("name, tolerance", [("default", 1e-13), ("gru", 5e-5)])
 def test_aarch64_under_qemu_equals_x86_64(exported, tmp_path, name, tolerance):
     """The aarch64 module (float64 default with its tanh made libm-free; float32 GRU) run by
     IREE's own aarch64 runtime under qemu-user, 20 steps, against the generic x86-64 module
-    run by the runner here. Measured: the default 1.5e-16 relative (its first 20 steps), the
-    GRU 1.2e-7."""
+    run by the runner here. Measured: predictions 3.2e-16 relative (default, its warm-up
+    steps) and 7.7e-6 (GRU); every float state array within 8.0e-7 of its largest value
+    (aarch64 fuses multiply-adds that generic x86-64 rounds twice: the float32 normaliser's
+    last bits differ and reach the float64 traces)."""
     if shutil.which("qemu-aarch64") is None or not (ARM_SYSROOT / "lib/libstdc++.so.6").exists():
         pytest.skip("qemu-aarch64 or the arm64 C/C++ runtimes are not installed (`make arm` installs qemu-user, "
                     "libc6-arm64-cross, libstdc++6-arm64-cross; `make test` runs it)")
     if not IREE_RUN_ARM.exists():
         pytest.skip(f"{IREE_RUN_ARM.relative_to(ROOT)} missing: `make arm` fetches IREE's aarch64 runtime wheel")
     xs = mackey_glass(20)
-    arm = _qemu_steps(exported(name, "aarch64"), xs, tmp_path)
+    arm, arm_state = _qemu_steps(exported(name, "aarch64"), xs, tmp_path)
     runner = Runner(exported(name, "x86_64"))
-    x86 = np.array([np.concatenate([np.ravel(p), loss, np.ravel(applied).astype(float)])
-                    for p, loss, applied in (runner.step(np.full((1, 1), x)) for x in xs)])
-    pred = slice(0, 1)
-    assert np.max(_relative(x86[:, pred], arm[:, pred])) < tolerance
-    assert np.array_equal(np.isnan(x86), np.isnan(arm))          # the loss is NaN where a step did not learn
+    steps = [runner.step(np.full((1, 1), x)) for x in xs]
+    x86 = np.array([p.ravel()[0] for p, _, _ in steps])
+    assert np.max(_relative(x86, arm[:, 0])) < tolerance
+    assert np.array_equal(np.isnan([loss[0] for _, loss, _ in steps]), np.isnan(arm[:, 1]))
+    for k, v in runner.state_dict().items():
+        if v.dtype.kind != "f":
+            assert np.array_equal(v, arm_state[k]), k            # counters: the same steps, updates, skips
+        elif v.size and np.any(v):
+            assert np.max(np.abs(v - arm_state[k])) <= 1e-5 * np.max(np.abs(v)), k
