@@ -85,8 +85,8 @@ def measure(name: str, config: str, folder: str, series: str, args) -> dict:
 
 
 def table(rows: list[dict], args) -> str:
-    head = (f"{args.rounds} rounds, {args.steps} steps per side per round; {platform.processor() or platform.machine()}, "
-            f"{os.cpu_count()} vCPU, Python {platform.python_version()}"
+    cpu = platform.processor() or platform.machine()
+    head = (f"{args.rounds} rounds, {args.steps} steps per side per round; {cpu}, {os.cpu_count()} vCPU, Python {platform.python_version()}"
             + (f", pinned to CPU {args.pin_cpu}" if args.pin_cpu >= 0 else "") + "; medians over rounds\n\n")
     lines = ["| model | side | start to first answer ms | step median µs | step p99 µs | peak RSS MB |",
              "|---|---|---:|---:|---:|---:|"]

@@ -118,6 +118,7 @@ def test_manifest_names_the_program(exported):
     folder = exported("gru")
     m = json.loads((folder / "manifest.json").read_text())
     assert m["target"] == "host" and m["precision"] == 32 and m["config"]["model"]["stack"] == "gru"
+    assert not {"security", "bridge", "sockets"} & set(m["config"])      # no key files or passwords
     assert m["inputs"]["x"] == [[1, 1], "<f4"] and m["outputs"]["prediction"] == [1, 1]
     assert {"jax", "iree-base-compiler", "numpy", "streamtrace"} <= set(m["versions"])
     assert set(m["sha256"]) == {"step.vmfb", "state.npz", "state_map.npz"}

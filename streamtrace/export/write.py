@@ -3,8 +3,8 @@
 The folder: ``step.vmfb`` (the IREE module of the one-slot step program, program.py),
 ``state.npz`` (the initial state, in the checkpoint format the learner and ``serve`` write),
 ``state_map.npz`` (where each of its arrays lives in the program's buffers, state_map.py) and
-``manifest.json`` (the program's inputs and outputs, the config, the target, the library
-versions and the files' sha256).
+``manifest.json`` (the program's inputs and outputs, the config's learner sections, the
+target, the library versions and the files' sha256).
 """
 from __future__ import annotations
 
@@ -27,6 +27,9 @@ __all__ = ["export_learner", "FORMAT", "FILES"]
 
 FORMAT = "streamtrace-export"
 FILES = ("step.vmfb", "state.npz", StateMap.FILE)
+# the config sections that describe the learner (the manifest keeps these; sockets, security
+# and bridge sections may name key files or hold passwords and are left out)
+LEARNER_SECTIONS = ("model", "reservoir", "signal", "readout", "learning", "learned", "combine", "metrics")
 _LIBRARIES = ("streamtrace", "jax", "jaxlib", "brainstate", "numpy", "iree-base-compiler")
 
 
@@ -97,6 +100,7 @@ def export_learner(config, out, target: str = "host", slots: int = 1) -> dict:
             ("x", "y", "active", "learn"), ins[len(buffers):])},
         "output": arg(outs[-1]), "outputs": _outputs(learner), "slots": learner.n,
         "precision": cfg.model.precision, "tanh64_rewritten": tanh, "signature": learner.signature(),
-        "config": dataclasses.asdict(cfg), "versions": _versions(), "sha256": _sha256(folder)}
+        "config": {k: dataclasses.asdict(getattr(cfg, k)) for k in LEARNER_SECTIONS},
+        "versions": _versions(), "sha256": _sha256(folder)}
     (folder / "manifest.json").write_text(json.dumps(manifest, indent=1, default=str) + "\n")
     return manifest
