@@ -39,11 +39,11 @@ browser:
 	       "dashboard's browser test will fail ***" >&2
 
 # The aarch64 export test runs an exported learner under Debian's qemu-user, with the
-# arm64 C and C++ runtimes, and iree-run-module from IREE's aarch64 runtime wheel (the version
-# the venv has, fetched here, never at test time); bounded like the broker. Without them that
-# test is skipped and says why.
-IREE_ARM = .cache/iree-aarch64
-IREE_RUN_ARM = $(IREE_ARM)/iree/_runtime_libs/iree-run-module
+# arm64 C and C++ runtimes, and iree-run-module from IREE's aarch64 runtime wheel, fetched
+# here (never at test time) into .cache/iree-aarch64-<version>, the venv's iree-base-runtime
+# version (the module and the tool must be of one release); apt-get bounded like the broker.
+# Without them that test is skipped and says why.
+IREE_VERSION = $$($(PY) -c 'import importlib.metadata as m; print(m.version("iree-base-runtime"))')
 arm: $(VENV)/.installed
 	@{ command -v qemu-aarch64 >/dev/null 2>&1 && test -e /usr/aarch64-linux-gnu/lib/ld-linux-aarch64.so.1 && \
 	   test -e /usr/aarch64-linux-gnu/lib/libstdc++.so.6; } || \
@@ -52,11 +52,11 @@ arm: $(VENV)/.installed
 	    ($(APT) update -q && $(APT_BIG) install -y -q qemu-user libc6-arm64-cross libstdc++6-arm64-cross); } || \
 	  echo "*** qemu-user / the arm64 runtimes could not be installed (apt-get needs root and a reachable mirror):" \
 	       "the aarch64 export test will be skipped ***" >&2
-	@test -x $(IREE_RUN_ARM) || { rm -rf $(IREE_ARM) && mkdir -p $(IREE_ARM) && \
+	@v=$(IREE_VERSION); dir=.cache/iree-aarch64-$$v; tool=$$dir/iree/_runtime_libs/iree-run-module; \
+	test -x $$tool || { rm -rf $$dir && mkdir -p $$dir && \
 	  $(PY) -m pip download --quiet --no-deps --only-binary=:all: --platform manylinux_2_28_aarch64 \
-	    --python-version 3.11 -d $(IREE_ARM) \
-	    "iree-base-runtime==$$($(PY) -c 'import importlib.metadata as m; print(m.version("iree-base-runtime"))')" && \
-	  $(PY) -m zipfile -e $(IREE_ARM)/iree_base_runtime-*.whl $(IREE_ARM) && chmod +x $(IREE_RUN_ARM); } || \
+	    --python-version 3.11 -d $$dir "iree-base-runtime==$$v" && \
+	  $(PY) -m zipfile -e $$dir/iree_base_runtime-$$v-*.whl $$dir && chmod +x $$tool; } || \
 	  echo "*** IREE's aarch64 runtime wheel could not be fetched: the aarch64 export test will be skipped ***" >&2
 
 test: $(VENV)/.installed broker browser arm

@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+from importlib.metadata import version
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +29,8 @@ from streamtrace.tasks import mackey_glass
 ROOT = Path(__file__).resolve().parent.parent
 GRU = '[model]\nstack = "gru"\nn_hidden = 16\n'
 WARMUP = 100          # the default learner's normaliser warm-up: its model is not used before
-IREE_RUN_ARM = ROOT / ".cache/iree-aarch64/iree/_runtime_libs/iree-run-module"   # `make arm`
+# `make arm` fetches IREE's aarch64 runtime of the venv's version
+IREE_RUN_ARM = ROOT / f".cache/iree-aarch64-{version('iree-base-runtime')}/iree/_runtime_libs/iree-run-module"
 ARM_SYSROOT = Path("/usr/aarch64-linux-gnu")
 
 
