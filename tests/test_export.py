@@ -28,6 +28,8 @@ from streamtrace.tasks import mackey_glass
 
 ROOT = Path(__file__).resolve().parent.parent
 GRU = '[model]\nstack = "gru"\nn_hidden = 16\n'
+CONFIGS = {"gru": GRU, "lif": '[model]\nstack = "lif"\nn_hidden = 16\n',
+           "lstm64": '[model]\nstack = "lstm"\nn_hidden = 16\nprecision = 64\n'}
 WARMUP = 100          # the default learner's normaliser warm-up: its model is not used before
 # `make arm` fetches IREE's aarch64 runtime of the venv's version
 IREE_RUN_ARM = ROOT / f".cache/iree-aarch64-{version('iree-base-runtime')}/iree/_runtime_libs/iree-run-module"
@@ -43,9 +45,9 @@ def exported(tmp_path_factory):
         if (name, target) not in done:
             folder = tmp_path_factory.mktemp(f"{name}-{target}")
             config = None
-            if name == "gru":
-                config = folder / "gru.toml"
-                config.write_text(GRU)
+            if name in CONFIGS:
+                config = folder / f"{name}.toml"
+                config.write_text(CONFIGS[name])
             export_learner(config, folder / "out", target)
             done[name, target] = folder / "out"
         return done[name, target]
@@ -53,7 +55,7 @@ def exported(tmp_path_factory):
 
 
 def _learner(name: str, folder: Path):
-    return learner_from_config(None if name == "default" else folder.parent / "gru.toml")[1]
+    return learner_from_config(None if name == "default" else folder.parent / f"{name}.toml")[1]
 
 
 def _side_by_side(learner, runner, xs):
@@ -145,12 +147,14 @@ def test_runner_equals_the_default_learner(exported):
     assert abs(a - b) / a < 1e-4
 
 
-def test_runner_equals_a_float32_gru(exported):
-    """GRU-16 float32, D-RTRL, Adam: 300 steps; measured 1.5e-6 relative at most."""
-    folder = exported("gru")
+@pytest.mark.parametrize("name, tolerance", [("gru", 1e-4), ("lif", 1e-4), ("lstm64", 1e-12)])
+def test_runner_equals_the_learner(exported, name, tolerance):
+    """300 Mackey-Glass steps, D-RTRL, Adam: GRU-16 float32 (measured 1.5e-6 relative at
+    most), a spiking LIF-16 float32 (9.9e-6) and LSTM-16 float64 (4.1e-15)."""
+    folder = exported(name)
     xs = mackey_glass(300)
-    ref, got = _side_by_side(_learner("gru", folder), Runner(folder), xs)
-    assert np.max(_relative(ref, got)) < 1e-4
+    ref, got = _side_by_side(_learner(name, folder), Runner(folder), xs)
+    assert np.max(_relative(ref, got)) < tolerance
     assert np.max(np.abs(ref)) > 0.05         # it predicts something, not zeros on both sides
 
 
