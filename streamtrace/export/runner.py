@@ -18,7 +18,8 @@ from .state_map import StateMap
 
 __all__ = ["Runner", "RunnerError"]
 
-FILES = ("step.vmfb", "state.npz", StateMap.FILE)
+FORMAT = "streamtrace-export"
+FILES = ("step.vmfb", "state.npz", StateMap.FILE)     # an export folder's files, by the manifest's sha256
 
 
 class RunnerError(RuntimeError):
@@ -31,7 +32,7 @@ def read_manifest(folder: Path) -> dict:
         manifest = json.loads((folder / "manifest.json").read_text())
     except (OSError, ValueError) as e:
         raise RunnerError(f"{folder}: not an exported learner ({type(e).__name__}: {e})") from None
-    if manifest.get("format") != "streamtrace-export" or manifest.get("version") != 1:
+    if manifest.get("format") != FORMAT or manifest.get("version") != 1:
         raise RunnerError(f"{folder}: unsupported export format {manifest.get('format')!r} "
                           f"version {manifest.get('version')!r}")
     for name in FILES:

@@ -20,13 +20,12 @@ import numpy as np
 from ..checkpoints import write_checkpoint
 from .learner import learner_of, load_config
 from .program import ExportError, compile_program, step_program
+from .runner import FILES, FORMAT
 from .state_map import SHIFT, StateMap
 from .targets import TARGETS
 
 __all__ = ["export_learner", "FORMAT", "FILES"]
 
-FORMAT = "streamtrace-export"
-FILES = ("step.vmfb", "state.npz", StateMap.FILE)
 # the config sections that describe the learner (the manifest keeps these; sockets, security
 # and bridge sections may name key files or hold passwords and are left out)
 LEARNER_SECTIONS = ("model", "reservoir", "signal", "readout", "learning", "learned", "combine", "metrics")
