@@ -12,6 +12,7 @@
   evaluate   prequential one-step-ahead quality of a config on a task or a CSV/NPY/Parquet file
   replay     send a recorded CSV/NPY/Parquet file to an engine row by row and score its predictions
   bridge     connect a sensor bus (bridge lsl, bridge mqtt) to an engine, predictions back on the bus
+  export     compile a learner ahead of time for the jax-free runner on a device (docs/devices.md)
   worker     join a NATS JetStream cluster as a worker (streamtrace[cluster]; docs/cluster.md)
   cluster    cluster up: a local NATS server and workers; cluster status: who owns what
 
@@ -26,6 +27,7 @@ from . import __version__
 from .arguments import (STACK_CHOICES, Parser, existing_file, index_list, nonnegative_float, nonnegative_int,
                         output_file, port, positive_float, positive_int)
 from .dashboard.command import add_parser as add_dashboard_parser, listen_address
+from .export.cli import add_parser as add_export_parser
 
 __all__ = ["main", "build_parser"]
 
@@ -207,6 +209,7 @@ def build_parser() -> Parser:
     _bench_parser(sub)
     _evaluate_parser(sub)
     _replay_parser(sub)
+    add_export_parser(sub)
     _bridge_parsers(sub)
     from .cluster.cli import add_parsers as cluster_parsers   # worker, cluster up | status (streamtrace[cluster])
     cluster_parsers(sub)
