@@ -250,7 +250,7 @@ def replay(path: str | Path, endpoint: str = DEFAULT_ENDPOINT, *, stream: str | 
             else:
                 answered.append(i)
                 preds.append(np.asarray(reply.pred, np.float64).reshape(-1))
-                events.update(k for k in ("outlier", "rolled_back") if reply.get(k))
+                events.update(k for k in ("outlier", "rolled_back") if isinstance(reply, dict) and reply.get(k))
             bar(i + 1, sum(refused.values()), len(rows.bad))
     bar(len(table), sum(refused.values()), len(rows.bad), final=True)
     n_out = preds[0].size if preds else 0

@@ -74,6 +74,8 @@ class Runner:
         self._no_target = np.zeros(*self._in["y"])
         out = m["outputs"]
         self._pred_shape, self._n = tuple(out["prediction"]), out["loss"]
+        # per slot, of the last step: the screen found an outlier, the step was undone
+        self.events = {"outlier": np.zeros(self._n, bool), "rolled_back": np.zeros(self._n, bool)}
         self.steps = 0
         self.load(self.folder / "state.npz" if state is None else state)
 
@@ -103,9 +105,15 @@ class Runner:
         return self.decode(vec.to_host())
 
     def decode(self, vec):
-        """The step's output vector as (prediction, loss, applied) (``Programs._decode``)."""
-        n_pred = int(np.prod(self._pred_shape))
-        applied = vec[n_pred + self._n:] > 0.5
+        """The step's output vector as (prediction, loss, applied) (``Programs._decode``); the
+        per-slot events (outlier, rolled_back) go to ``self.events``."""
+        n_pred, n = int(np.prod(self._pred_shape)), self._n
+        per_slot = self.manifest["outputs"]["per_slot_applied"]
+        applied = vec[n_pred + n:n_pred + n + (n if per_slot else 1)] > 0.5
+        flags = vec[n_pred + n + (n if per_slot else 1):].reshape(-1, n) > 0.5
+        names = {"screen": "outlier", "rollback": "rolled_back"}
+        for key, f in zip(self.manifest["outputs"].get("events", []), flags):
+            self.events[names[key]] = f
         return (vec[:n_pred].reshape(self._pred_shape), vec[n_pred:n_pred + self._n],
                 applied if self.manifest["outputs"]["per_slot_applied"] else bool(applied[0]))
 

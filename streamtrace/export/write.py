@@ -54,7 +54,8 @@ def _outputs(learner) -> dict:
     """How the step's output vector splits (as ``Programs._decode``)."""
     one = learner.out_shape if learner.horizon == 1 else (learner.horizon,) + learner.out_shape
     pred = one if learner.slots is None else (learner.n,) + one
-    return {"prediction": list(pred), "loss": learner.n, "per_slot_applied": bool(learner.per_slot)}
+    return {"prediction": list(pred), "loss": learner.n, "per_slot_applied": bool(learner.per_slot),
+            "events": list(learner.programs.events)}
 
 
 def _check_exportable(cfg):

@@ -101,6 +101,12 @@ class Programs:
                     prog = self._compiled[key] = build()
         return prog
 
+    @property
+    def events(self) -> list:
+        """The per-slot events a step's output vector ends with, in order (``EVENTS`` the
+        learner has: "screen" for an outlier, "rollback" for a step undone)."""
+        return list(self._events)
+
     def is_compiled(self, key) -> bool:
         return key in self._compiled
 
