@@ -43,6 +43,7 @@ class PartitionOwner:
         self.psub, self.consumer = None, None
         self.stopping, self.lost = False, False
         self.commit: asyncio.Task | None = None     # the checkpoint being stored and committed
+        self.hole_at = None       # (stream, log seq) of a hole already replayed once: the log lacks it
 
     # ---- taking over -------------------------------------------------------------------
     async def load(self):
@@ -67,7 +68,7 @@ class PartitionOwner:
         except Exception:  # noqa: BLE001 - absent: the usual case
             pass
         await js.add_consumer(L.LOG_STREAM, ConsumerConfig(
-            name=name, filter_subject=L.partition_filter(self.k), deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+            name=name, durable_name=name, filter_subject=L.partition_filter(self.k), deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
             opt_start_seq=self.applied + 1, ack_policy=AckPolicy.ALL, ack_wait=60.0, max_ack_pending=-1,
             inactive_threshold=30.0))
         self.consumer = name
@@ -141,7 +142,18 @@ class PartitionOwner:
         if not self.lease.valid(time.monotonic()):
             raise _Unsure("lease validity ran out before stepping")
         stream = msg.subject.split(".", 3)[3]
-        kind, body = self.w.stepper.step(msg.data, stream)
+        kind, body = self.w.stepper.step(msg.data, stream, stop_at_hole=self.hole_at != (stream, seq))
+        if kind == "hole":
+            # a stream's step is missing before this one: delivered out of order (a consumer's
+            # leader changed), or lost from the log. Replay from the committed checkpoint once;
+            # if the log still lacks it, the engine refuses this step as a gap (below).
+            self.hole_at = (stream, seq)
+            self.w.count("hole_replays")
+            raise _Unsure(f"stream {stream!r}: a step is missing before log seq {seq}; replaying the log")
+        if self.hole_at == (stream, seq):
+            self.w.count("log_holes")
+            log.error("partition %d: stream %r: the log lacks a step before log seq %d (a hole, refused to its "
+                      "client as a gap, not learned around)", self.k, stream, seq)
         if stream in self.w.stepper.streams():
             self.names.add(stream)
         self.applied, self.last_msg = seq, msg
