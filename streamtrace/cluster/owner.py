@@ -13,6 +13,7 @@ the partition's in-memory state and reloads the committed checkpoint: never a gu
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 
@@ -20,7 +21,7 @@ from . import log as L
 from .lease import Lease, LeaseLost
 from .pull import Puller
 
-__all__ = ["PartitionOwner"]
+__all__ = ["PartitionOwner", "restore_verified"]
 
 log = logging.getLogger("streamtrace.cluster")
 
@@ -30,6 +31,37 @@ _background: set = set()      # deletions of superseded checkpoints in flight (a
 
 class _Unsure(Exception):
     """Stop and reload from the committed checkpoint."""
+
+
+async def restore_verified(w, lease: Lease) -> tuple[int, list[str]]:
+    """Load the lease's checkpoint into ``w.stepper`` if its bytes hash to the committed SHA-256
+    (and parse); else the previous checkpoint (a longer replay); else none (the log from its
+    start). Returns (log seq the state covers, stream names). Each damaged one is counted
+    (``checkpoints_damaged``) and logged."""
+    from ..learner.checkpoint import CheckpointError
+    choices = [(lease.ckpt, lease.seq, lease.sha)]
+    if lease.prev:
+        choices.append((lease.prev.get("ckpt"), lease.prev.get("seq", 0), lease.prev.get("sha")))
+    for name, seq, sha in choices:
+        if not name:
+            break
+        try:
+            raw = (await w.objects.get(name)).data
+            if sha and hashlib.sha256(raw).hexdigest() != sha:
+                raise CheckpointError(f"checkpoint {name}: its bytes do not match the SHA-256 committed with it")
+            return w.stepper.restore(raw, f"checkpoint {name}")
+        except (CheckpointError, *_object_errors()) as e:
+            w.count("checkpoints_damaged")
+            log.error("partition %d: %s (%s); falling back to the checkpoint before it", lease.partition,
+                      e, type(e).__name__)
+    if lease.ckpt:
+        log.error("partition %d: no intact checkpoint: replaying the log from its start", lease.partition)
+    return 0, []
+
+
+def _object_errors() -> tuple:
+    from nats.js.errors import DigestMismatchError, NotFoundError
+    return DigestMismatchError, NotFoundError
 
 
 class PartitionOwner:
@@ -50,11 +82,9 @@ class PartitionOwner:
         """State from the committed checkpoint, then a consumer from the sequence after it."""
         w, lease = self.w, self.lease
         w.stepper.drop(self.names)
-        self.names, self.applied, self.last_msg, self.since_ckpt = set(), lease.seq, None, 0
-        if lease.ckpt:
-            raw = (await w.objects.get(lease.ckpt)).data
-            self.applied, names = w.stepper.restore(raw, f"checkpoint {lease.ckpt}")
-            self.names = set(names)
+        self.names, self.last_msg, self.since_ckpt = set(), None, 0
+        self.applied, names = await restore_verified(w, lease)
+        self.names = set(names)
         self.answered = self.applied
         w.count("restores")
         await self._subscribe()
@@ -199,13 +229,14 @@ class PartitionOwner:
     async def _commit(self, name: str, raw: bytes, seq: int, last_msg):
         w, lease = self.w, self.lease
         await w.objects.put(name, raw)
-        old = lease.ckpt
-        await w.leases.renew(lease, ckpt=name, seq=seq)
+        superseded = (lease.prev or {}).get("ckpt")        # the current one becomes prev: kept
+        await w.leases.renew(lease, ckpt=name, seq=seq, sha=hashlib.sha256(raw).hexdigest())
         w.count("checkpoints")
         if last_msg is not None:
             await last_msg.ack()
-        if old and old != name:      # three more round trips: off the path of the next message
-            task = asyncio.create_task(self._delete(old))
+        if superseded and superseded not in (name, lease.ckpt, (lease.prev or {}).get("ckpt")):
+            # three more round trips: off the path of the next message
+            task = asyncio.create_task(self._delete(superseded))
             _background.add(task)
             task.add_done_callback(_background.discard)
 
