@@ -13,6 +13,7 @@ import pytest
 pytest.importorskip("nats", reason="pip install 'streamtrace[cluster]' (make test installs it)")
 
 from streamtrace import wire                                            # noqa: E402
+from streamtrace.cluster import ClusterClient                           # noqa: E402
 from streamtrace.cluster import log as L                                # noqa: E402
 from streamtrace.cluster.brokers import local_brokers, urls            # noqa: E402
 from streamtrace.cluster.server import find_server_binary              # noqa: E402
@@ -88,7 +89,7 @@ async def _sensor(url, data, kill_at, kill):
 @pytest.mark.slow
 def test_killing_the_log_leader_broker_loses_no_acknowledged_step(brokers, tmp_path):
     cfg = H.config(tmp_path)
-    data = H.signals(6, 30)
+    data = H.signals(6, 31)
     ref_preds, ref_states = H.reference(cfg, data)
     leader, replicas = asyncio.run(_log_leader(urls(brokers)))
     assert replicas == 3
@@ -97,14 +98,18 @@ def test_killing_the_log_leader_broker_loses_no_acknowledged_step(brokers, tmp_p
     worker, out = H.start_worker(others, cfg, "--replicas", "3", "-v", wait=False), []
     H.wait_joined(worker, sink=out)
     try:
-        answers, acks, stored = asyncio.run(asyncio.wait_for(_sensor(others, data, 15, victim.kill), 60))
+        first = {n: xs[:30] for n, xs in data.items()}
+        answers, acks, stored = asyncio.run(asyncio.wait_for(_sensor(others, first, 15, victim.kill), 60))
+        with ClusterClient(others, timeout_s=30) as c:          # several URLs: the last step of each stream
+            H.send_steps(c, data, 30, 31)
+            answers.update(H.collect(c, {(n, 30) for n in data}))
         assert H.terminate([worker]) == [0]
         states = H.final_states(others, cfg)
     finally:
         H.terminate([worker])
     (tmp_path / "worker.log").write_text("".join(out))
-    want = {(n, t) for n in data for t in range(30)}
-    assert stored == len(want), stored                        # each acknowledged step stored once, none lost
+    want = {(n, t) for n in data for t in range(31)}
+    assert stored == len(want) - len(data), stored                       # each acknowledged step stored once, none lost
     assert set(answers) == want, (sorted(want - set(answers))[:5], "".join(out[-40:]))
     assert all(a["type"] == "prediction" for a in answers.values())
     H.assert_same(answers, ref_preds, states, ref_states)
