@@ -76,6 +76,14 @@ def test_status_without_a_server_is_one_line_and_exit_2():
     assert len(out.stderr.strip().splitlines()) == 1 and "cannot connect" in out.stderr, out.stderr
 
 
+@pytest.mark.parametrize("flags", [["--workers", "0"], ["--brokers", "1", "--replicas", "3"]])
+def test_cluster_up_refuses_bad_settings_in_one_line(flags):
+    out = subprocess.run([sys.executable, "-m", "streamtrace", "cluster", "up", "--port", str(free_port()), *flags],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out
+    assert out.stderr.startswith("cluster up: --"), out.stderr
+
+
 def test_verbose_means_streamtrace_info_only():
     from streamtrace.cluster.cli import verbose_logging
     root = logging.getLogger()

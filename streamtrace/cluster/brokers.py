@@ -42,5 +42,11 @@ def local_brokers(n: int, *, host: str = "127.0.0.1", port: int = 4222, store_di
 
 
 def urls(nodes) -> str:
-    """The comma-separated client URLs of ``nodes`` (what ``--nats`` takes)."""
+    """The comma-separated client URLs of ``nodes`` (what ``--nats`` takes).
+
+    Example::
+
+        >>> urls(local_brokers(2, port=14222))
+        'nats://127.0.0.1:14222,nats://127.0.0.1:14223'
+    """
     return ",".join(s.url for s in nodes)

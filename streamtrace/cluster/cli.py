@@ -6,7 +6,7 @@ import json
 import logging
 import sys
 
-__all__ = ["add_parsers", "credential_args", "credentials", "stray_credential", "worker_argv"]
+__all__ = ["add_parsers", "credential_args", "credentials", "stray_credential"]
 
 
 def credential_args(p):
@@ -93,9 +93,6 @@ def cmd_status(args) -> int:
     return 0
 
 
-WORKER_FLAGS = ("partitions", "lease_ttl", "checkpoint_every", "checkpoint_interval", "replicas")
-
-
 def worker_args(p, *, partitions_default=None):
     """The worker settings ``worker`` takes and ``cluster up`` passes on to each of its workers."""
     p.add_argument("--config", default=None, help="engine TOML (model, learning, engine.slots)")
@@ -109,19 +106,6 @@ def worker_args(p, *, partitions_default=None):
     p.add_argument("--replicas", type=int, default=None, help="copies of the log, leases and checkpoints, when "
                    "this creates them (1; 3 over a 3-node NATS cluster)")
     p.add_argument("-v", "--verbose", action="store_true", help="streamtrace's INFO logging (not other libraries')")
-
-
-def worker_argv(args, url: str, prometheus_port: int = 0) -> list[str]:
-    """The command line of one worker of ``cluster up``, every worker setting passed on."""
-    cmd = [sys.executable, "-m", "streamtrace", "worker", "--nats", url]
-    for f in WORKER_FLAGS:
-        if getattr(args, f, None) is not None:
-            cmd += ["--" + f.replace("_", "-"), str(getattr(args, f))]
-    cmd += ["--config", args.config] if args.config else []
-    cmd += ["--prometheus-port", str(prometheus_port)] if prometheus_port else []
-    cmd += ["-v"] if args.verbose else []
-    cmd += ["--token", args.token] if args.token else []
-    return cmd
 
 
 def add_parsers(sub):

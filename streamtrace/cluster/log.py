@@ -143,7 +143,13 @@ class Credentials:
 
 
 def server_urls(url: str) -> list[str]:
-    """``nats://a:4222,nats://b:4222`` -> the list of URLs (one URL: a list of one)."""
+    """``nats://a:4222,nats://b:4222`` -> the list of URLs (one URL: a list of one).
+
+    Example::
+
+        >>> server_urls("nats://a:4222, nats://b:4222")
+        ['nats://a:4222', 'nats://b:4222']
+    """
     urls = [u.strip() for u in url.split(",") if u.strip()]
     if not urls:
         raise ValueError(f"no NATS server URL in {url!r}")

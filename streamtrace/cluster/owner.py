@@ -21,7 +21,7 @@ from . import log as L
 from .lease import Lease, LeaseLost
 from .pull import Puller
 
-__all__ = ["PartitionOwner", "restore_verified"]
+__all__ = ["PartitionOwner"]
 
 log = logging.getLogger("streamtrace.cluster")
 
@@ -33,7 +33,7 @@ class _Unsure(Exception):
     """Stop and reload from the committed checkpoint."""
 
 
-async def restore_verified(w, lease: Lease) -> tuple[int, list[str]]:
+async def _restore_verified(w, lease: Lease) -> tuple[int, list[str]]:
     """Load the lease's checkpoint into ``w.stepper`` if its bytes hash to the committed SHA-256
     (and parse); else the previous checkpoint (a longer replay); else none (the log from its
     start). Returns (log seq the state covers, stream names). Each damaged one is counted
@@ -83,7 +83,7 @@ class PartitionOwner:
         w, lease = self.w, self.lease
         w.stepper.drop(self.names)
         self.names, self.last_msg, self.since_ckpt = set(), None, 0
-        self.applied, names = await restore_verified(w, lease)
+        self.applied, names = await _restore_verified(w, lease)
         self.names = set(names)
         self.answered = self.applied
         w.count("restores")

@@ -12,7 +12,7 @@ import time
 from . import log as L
 from .lease import lease_key
 
-__all__ = ["gather", "format_status"]
+__all__ = ["gather", "format_status", "is_live"]
 
 
 async def gather(nc) -> dict:
@@ -57,7 +57,13 @@ async def gather(nc) -> dict:
 
 
 def is_live(heartbeat: dict, now: float) -> bool:
-    """Whether a heartbeat (its wall time ``t``, the worker's lease ``ttl``) is recent enough."""
+    """Whether a heartbeat (its wall time ``t``, the worker's lease ``ttl``) is recent enough.
+
+    Example::
+
+        >>> is_live({"t": 100.0, "ttl": 2.0}, now=102.5), is_live({"t": 100.0, "ttl": 2.0}, now=103.5)
+        (True, False)
+    """
     return now - heartbeat.get("t", 0.0) <= heartbeat.get("ttl", 2.0) + 1.0
 
 

@@ -14,6 +14,22 @@ import sys
 __all__ = ["run_up"]
 
 
+WORKER_FLAGS = ("partitions", "lease_ttl", "checkpoint_every", "checkpoint_interval", "replicas")
+
+
+def worker_argv(args, url: str, prometheus_port: int = 0) -> list[str]:
+    """The command line of one worker of ``cluster up``, every worker setting passed on."""
+    cmd = [sys.executable, "-m", "streamtrace", "worker", "--nats", url]
+    for f in WORKER_FLAGS:
+        if getattr(args, f, None) is not None:
+            cmd += ["--" + f.replace("_", "-"), str(getattr(args, f))]
+    cmd += ["--config", args.config] if args.config else []
+    cmd += ["--prometheus-port", str(prometheus_port)] if prometheus_port else []
+    cmd += ["-v"] if args.verbose else []
+    cmd += ["--token", args.token] if args.token else []
+    return cmd
+
+
 def check_args(args) -> str | None:
     """What is wrong with ``cluster up``'s settings, in one line; None when nothing."""
     if args.workers < 1 or args.brokers < 1:
@@ -48,7 +64,6 @@ def run_up(args) -> int:
     import subprocess
 
     from .brokers import urls
-    from .cli import worker_argv
     from .server import ServerError
     from .supervisor import Supervisor
     bad = check_args(args)
