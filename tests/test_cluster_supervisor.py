@@ -84,6 +84,23 @@ def test_cluster_up_refuses_bad_settings_in_one_line(flags):
     assert out.stderr.startswith("cluster up: --"), out.stderr
 
 
+def test_cluster_up_passes_every_worker_setting_on():
+    import argparse
+
+    from streamtrace.cluster.cli import add_parsers
+    from streamtrace.cluster.up import worker_argv
+    parser = argparse.ArgumentParser()
+    add_parsers(parser.add_subparsers())
+    args = parser.parse_args(["cluster", "up", "--config", "e.toml", "--partitions", "8", "--lease-ttl", "1.5",
+                              "--checkpoint-every", "7", "--checkpoint-interval", "0.5", "--replicas", "3",
+                              "--prometheus-port", "9100", "--token", "T", "-v"])
+    argv = worker_argv(args, "nats://a:1,nats://b:2", prometheus_port=9102)
+    worker = parser.parse_args(argv[3:])           # what the worker itself makes of it
+    assert (worker.nats, worker.config, worker.partitions, worker.lease_ttl, worker.checkpoint_every,
+            worker.checkpoint_interval, worker.replicas, worker.prometheus_port, worker.token, worker.verbose) == \
+        ("nats://a:1,nats://b:2", "e.toml", 8, 1.5, 7, 0.5, 3, 9102, "T", True)
+
+
 def test_verbose_means_streamtrace_info_only():
     from streamtrace.cluster.cli import verbose_logging
     root = logging.getLogger()
