@@ -87,13 +87,14 @@ async def _sensor(url, data, kill_at, kill):
 
 
 @pytest.mark.slow
-def test_killing_the_log_leader_broker_loses_no_acknowledged_step(brokers, tmp_path):
+@pytest.mark.parametrize("which", ["leader", "follower"])
+def test_killing_a_broker_loses_no_acknowledged_step(brokers, tmp_path, which):
     cfg = H.config(tmp_path)
     data = H.signals(6, 31)
     ref_preds, ref_states = H.reference(cfg, data)
     leader, replicas = asyncio.run(_log_leader(urls(brokers)))
     assert replicas == 3
-    victim = next(n for n in brokers if n.name == leader)
+    victim = next(n for n in brokers if (n.name == leader) == (which == "leader"))
     others = urls([n for n in brokers if n is not victim])      # the sensor and the worker talk to these
     worker, out = H.start_worker(others, cfg, "--replicas", "3", "-v", wait=False), []
     H.wait_joined(worker, sink=out)
