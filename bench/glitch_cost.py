@@ -1,6 +1,6 @@
 """What the glitch guards cost on clean data, paired: each learner's compiled step with the
 outlier screen and the rollback (learner/screen.py, learner/rollback.py) against the same
-learner built without them, timed in turn round after round in one process.
+learner compiled without them, timed in turn round after round in one process.
 
 Sides: the default learner (one slot, float64, Mackey-Glass's config, as ``evaluate`` builds
 it) with ``[screen]`` on (the default) and the rollback, against ``[screen] policy = "off"`` and
@@ -24,18 +24,20 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 @contextlib.contextmanager
 def no_rollback():
-    """Learners built inside are built as before the rollback existed (the bare step functions)."""
-    import streamtrace.learner.core as core
-    saved = core.RolledBack
-    core.RolledBack = lambda fns: fns
+    """Programs compiled inside step as before the rollback existed (no gate after the step)."""
+    import jax.numpy as jnp
+
+    import streamtrace.learner.programs as programs
+    saved = programs.gate
+    programs.gate = lambda layout, before, after, active: (after, jnp.zeros(active.shape, jnp.int32))
     try:
         yield
     finally:
-        core.RolledBack = saved
+        programs.gate = saved
 
 
 def _program(learner, x, y):
-    compiled = learner.programs.step()
+    compiled = learner.programs.step()       # compiled now (inside no_rollback for a bare side)
     active = np.ones(learner.n, bool)
     box = [learner.buffers]
 
@@ -52,18 +54,20 @@ def default_sides() -> dict:
     task = get_task("mackey-glass", None, 0)
     x, y = task.inputs[300].astype(np.float64), np.zeros(1)
     guarded = build_learner(task_config(task, default_config(task), 0))
-    with no_rollback():
+    for v in task.inputs[:300]:      # past the warm-up, as a running stream is
+        guarded.step(v)
+    with no_rollback():              # compiled inside: no gate
         bare = build_learner(task_config(task, {**default_config(task), "screen": {"policy": "off"}}, 0))
-    for L in (guarded, bare):        # past the warm-up, as a running stream is
         for v in task.inputs[:300]:
-            L.step(v)
-    return {"default, guarded": _program(guarded, x, y), "default, bare": _program(bare, x, y)}
+            bare.step(v)
+        sides = {"default, guarded": _program(guarded, x, y), "default, bare": _program(bare, x, y)}
+    return sides
 
 
 def gru_sides(hidden, algo, slots) -> dict:
     from test_step_latency import _step_fn
     out = {f"gru{hidden}-{algo}-{slots or 1}, guarded": _step_fn("gru", hidden, algo, slots)}
-    with no_rollback():
+    with no_rollback():      # _step_fn compiles its program before it returns
         out[f"gru{hidden}-{algo}-{slots or 1}, bare"] = _step_fn("gru", hidden, algo, slots)
     return out
 

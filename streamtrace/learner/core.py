@@ -20,7 +20,7 @@ from .optimizers import optimizer_parts
 from .packing import Layout, path_name
 from .programs import PAIR, Programs
 from .result import StepResult
-from .rollback import RolledBack
+from . import rollback
 from .screen import Screened, screen_in
 from .settings import CompileSettings, Metrics, Slots
 from .step import COUNTERS, StepConfig, StepFunctions
@@ -133,7 +133,7 @@ class OnlineLearner:
                     y_shape=self.out_shape, combine=combine)
         if screen is not None:
             fns = Screened(fns, screen)
-        self.fns = RolledBack(fns)
+        self.fns = fns
         self.horizon = self.cfg.horizon
         self.slots = None if slots is None else slots.n
         self.n = self.slots or 1
@@ -215,8 +215,8 @@ class OnlineLearner:
     def _init_state(self, params):
         kw = dict(y_shape=self.out_shape, y_dtype=self.y_dtype, params=params)
         if not self.per_slot:
-            return self.fns.init(self.n, self.x_shape, self.x_dtype, **kw)
-        one = self.fns.init(1, self.x_shape, self.x_dtype, **kw)
+            return {**self.fns.init(self.n, self.x_shape, self.x_dtype, **kw), "rollback": rollback.init(self.n)}
+        one = {**self.fns.init(1, self.x_shape, self.x_dtype, **kw), "rollback": rollback.init(1)}
         return jax.tree_util.tree_map(lambda v: jnp.broadcast_to(v, (self.n,) + v.shape), one)
 
     def state_dict(self) -> dict:

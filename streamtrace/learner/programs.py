@@ -23,6 +23,7 @@ import numpy as np
 from .inputs import PackedInputs
 from .labels import MOVING, PairRing, apply_label
 from .result import StepResult
+from .rollback import gate, gate_buffers
 from .step import COUNTERS
 from .subset import SlotRows
 from .xla_options import step_compiler_options
@@ -427,27 +428,45 @@ class Programs:
 
     def _fn(self, k: int | None):
         """The pure packed step: (buffers, x, y, active, learn) -> (buffers, out vector).
-        k=None: one step; k: a scan over k pending steps (micro-batching)."""
+        k=None: one step, gated on the buffers it returns (rollback.gate_buffers: the cheap
+        place); k: a scan over k pending steps (micro-batching), each step gated."""
         layout = self.layout
 
         def fn(buffers, x, y, active, learn):
-            state, vec = self._steps(layout.unpack(buffers), k, x, y, active, learn)
-            return layout.pack(state), vec
+            if k is not None:
+                state, vec = self._steps(layout.unpack(buffers), k, x, y, active, learn)
+                return layout.pack(state), vec
+            new, out, loss, applied, events = self._one(layout.unpack(buffers), x, y, active, learn, True)
+            packed, undone = gate_buffers(layout, buffers, layout.pack(new), active)
+            return packed, self._vec(out, loss, applied, events, undone)
         return fn
+
+    def _one(self, state, x, y, active, learn, update):
+        """One step, ungated: (new state, prediction, loss, applied, {event: per slot})."""
+        if self.slots is None:
+            x, y = x[None], y[None]
+        new, out, loss, applied = self._core(state, x, y, active, learn, update)
+        events = {k: new[k]["now"] for k in EVENTS if k in new and k != "rollback"}
+        return new, (out[0] if self.slots is None else out), loss, applied, events
+
+    def _vec(self, out, loss, applied, events, undone):
+        """The output vector of one step whose slots ``undone`` (N,) were rolled back."""
+        loss = jnp.where(undone > 0, jnp.nan, loss)
+        applied = applied & (undone == 0 if self.per_slot else ~jnp.any(undone > 0))
+        events = {**events, "rollback": undone}
+        return self.pack_out(out, loss, applied, [events[k] for k in self._events])
 
     def _steps(self, state, k, x, y, active, learn, update=True):
         """``update`` False: the prediction and loss only, the state returned as it came
-        (``predict``): XLA then drops the gradient, the traces' and the optimizer's work."""
-        squeeze = self.slots is None
-
+        (``predict``): XLA then drops the gradient, the traces' and the optimizer's work.
+        Every step is gated (a step that left a non-finite value is undone, learner/rollback.py)."""
         def single(state, x, y, active, learn):
-            if squeeze:
-                x, y = x[None], y[None]
-            new, out, loss, applied = self._core(state, x, y, active, learn, update)
-            events = [new[k]["now"] for k in EVENTS if k in new]
-            if not update:
-                new, applied = state, jnp.zeros_like(applied)
-            return new, self.pack_out(out[0] if squeeze else out, loss, applied, events)
+            new, out, loss, applied, events = self._one(state, x, y, active, learn, update)
+            if update:
+                new, undone = gate(self.layout, state, new, active)
+            else:
+                new, applied, undone = state, jnp.zeros_like(applied), jnp.zeros(active.shape, jnp.int32)
+            return new, self._vec(out, loss, applied, events, undone)
         if k is None:
             return single(state, x, y, active, learn)
         state, vecs = jax.lax.scan(lambda s, xs: single(s, *xs), state, (x, y, active, learn))

@@ -2,82 +2,76 @@
 
 The step refuses a non-finite gradient, hidden state or loss slot by slot; what a value that
 is finite but huge can still do is overflow somewhere else (a float32 model fed 3e38, a
-transform's statistics, the experts' averages). ``RolledBack`` checks every small array the
-step wrote and, if any holds a value that is not finite, returns the state as it was before
-the step, but for its own count of rollbacks per slot. The step's result says so
-(``rolled_back``), its loss is NaN and nothing was applied.
+transform's statistics, the experts' averages). After every step, ``gate`` checks the state
+the step wrote and, if any value is not finite, puts back the state as it was before the step,
+bit for bit, but for its own count of rollbacks (``rollback.count`` per slot). The step's
+result says so (``rolled_back``), its loss is NaN and nothing was applied.
 
-What is not read, to keep the check off the step's critical path (measured: bench/glitch_cost.py):
+The check runs on the state as it crosses the compiled call: the small arrays packed into one
+buffer per dtype (``packing.Layout``), one reduction and one select each. Arrays of
+``Layout.standalone`` values or more (weights, optimizer moments and traces of larger models, a
+readout's matrix) are left as the step wrote them: each is kept finite by its own update,
+value by value (the optimizer keeps a value whose update is not finite, the traces are guarded
+inside the step, an RLS readout keeps a slot's matrix whose update is not finite). Checked
+per element of the state (weights and all) where it was written, the gate cost the default
+learner's step up to 1.3x; on the packed buffers it is within noise (bench/glitch_cost.py).
 
-- arrays the step passed through untouched (a frozen reservoir's weights);
-- arrays of ``BIG`` values or more (weights, optimizer moments and traces of larger models,
-  a readout's matrix): each is kept finite by its own update, value by value (the optimizer
-  keeps a value whose update is not finite, ``step._keep_finite`` / ``adam.guarded_step``; the
-  traces are guarded inside the step; an RLS readout keeps a slot's matrix whose update is not
-  finite). They are left as the step wrote them: a rollback restores the small arrays, which
-  are all of a small model's state;
-- the small arrays the step keeps finite itself (``GUARDED``: weights, moments, traces; the
-  hidden state, counters, scores, screen statistics and an RLS readout's weights, written only
-  where their new values are finite) are put back with the rest but not checked: the check
-  reads the transforms' statistics, the experts' state and the pending forecast.
-
-Its cost is the gate itself: every small array the step writes waits for the check. On the
-GRU learners of the speed targets it is within noise; on the default learner (many small
-parts) it is measurable (bench/glitch_cost.py, docs/benchmarks.md).
+A call steps all its slots at once, so a rollback undoes every slot's step of that call (with
+per-stream models the engine steps one slot a call, so only the bad stream's step is undone).
 """
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 
-__all__ = ["RolledBack", "BIG"]
-
-BIG = 2048     # values in an array from which it is left to its own guard (the packed-state cut)
-# kept finite by the step itself: weights, moments and traces value by value; a slot's hidden
-# state, counters, scores and screen statistics only where their new values are finite
-GUARDED = ("params", "opt", "acc", "traces", "hidden", "stats", "screen", "readout")
+__all__ = ["init", "gate", "gate_buffers"]
 
 
-def _finite(leaves) -> jax.Array:
-    """Whether every value of every array is finite: one product with zeros per dtype (any
-    NaN or infinity makes it NaN), over the arrays laid end to end."""
-    by_dtype = {}
-    for a in leaves:
-        by_dtype.setdefault(jnp.dtype(a.dtype), []).append(jnp.ravel(a))
+def init(n_slots: int) -> dict:
+    """The rollback counters of ``n_slots`` slots: in total and of the last step."""
+    z = jnp.zeros(n_slots, jnp.int32)
+    return {"count": z, "now": z}
+
+
+def _finite(buffers) -> jax.Array:
+    """Whether every value of every float buffer is finite: a product with zeros (any NaN or
+    infinity makes it NaN), one per buffer."""
     ok = jnp.bool_(True)
-    for dt, parts in by_dtype.items():
-        v = parts[0] if len(parts) == 1 else jnp.concatenate(parts)
-        ok = ok & jnp.isfinite(v @ jnp.zeros(v.shape[0], dt))
+    for b in buffers:
+        if jnp.issubdtype(b.dtype, jnp.inexact):
+            v = jnp.ravel(b)
+            ok = ok & jnp.isfinite(v @ jnp.zeros(v.shape[0], v.dtype))
     return ok
 
 
-class RolledBack:
-    """A learner's step functions whose step is undone when it leaves a non-finite value in
-    its small arrays (see the module). Everything but ``init`` and ``step`` is the wrapped
-    functions'."""
+def gate_buffers(layout, before: tuple, after: tuple, active):
+    """``gate`` on packed buffers (``layout.pack``'s): (buffers, undone). Where a call's state
+    crosses as buffers (a one-step program), the check and the select are one pass over each
+    small buffer, and the counters are written into the packed int32 buffer in place."""
+    n = len(layout.dtypes)
+    ok = _finite(after[:n])
+    out = [jnp.where(ok, b, a) for a, b in zip(before[:n], after[:n])]
+    slots = {s.name: s for s in layout.slots}
+    count, now = slots["rollback.count"], slots["rollback.now"]
+    undone = (active & ~ok).astype(jnp.int32)
+    flat = out[count.buffer].reshape(-1)
+    rows = out[count.buffer].shape
+    c0, n0 = layout.offset(count), layout.offset(now)
+    flat = flat.at[c0:c0 + count.size].add(undone.astype(flat.dtype))
+    flat = flat.at[n0:n0 + now.size].set(undone.astype(flat.dtype))
+    out[count.buffer] = flat.reshape(rows)
+    return tuple(out) + tuple(after[n:]), undone
 
-    def __init__(self, inner):
-        self.inner = inner
 
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def init(self, n_slots, x_shape, x_dtype, **kw) -> dict:
-        state = self.inner.init(n_slots, x_shape, x_dtype, **kw)
-        z = jnp.zeros(n_slots, jnp.int32)
-        return {**state, "rollback": {"count": z, "now": z}}
-
-    def step(self, state, x, target, active, learn):
-        new, out, loss, applied = self.inner.step(state, x, target, active, learn)
-        names = [k for k in new if k not in GUARDED and k != "rollback"]
-        checked = [b for a, b in zip(jax.tree_util.tree_leaves([state[k] for k in names]),
-                                     jax.tree_util.tree_leaves([new[k] for k in names]))
-                   if b is not a and b.size < BIG and jnp.issubdtype(b.dtype, jnp.inexact)]
-        ok = _finite(checked) if checked else jnp.bool_(True)
-        old_leaves, tree = jax.tree_util.tree_flatten(state)
-        kept = [b if b is a or b.size >= BIG else jnp.where(ok, b, a)
-                for a, b in zip(old_leaves, tree.flatten_up_to(new))]
-        new = jax.tree_util.tree_unflatten(tree, kept)
-        undone = (active & ~ok).astype(jnp.int32)
-        count = state["rollback"]["count"] + undone
-        return {**new, "rollback": {"count": count, "now": undone}}, out, jnp.where(ok, loss, jnp.nan), applied & ok
+def gate(layout, before: dict, after: dict, active):
+    """(state, undone): ``after`` (the state a step wrote), or, where any value of its packed
+    small arrays is not finite, ``before`` (the state it started from) with the rollback
+    counted for the ``active`` slots (N,). ``undone`` (N,) int32: 1 for a slot whose step was
+    undone."""
+    n = len(layout.dtypes)
+    old, new = layout.pack(before), layout.pack(after)
+    ok = _finite(new[:n])
+    kept = layout.unpack(tuple(jnp.where(ok, b, a) for a, b in zip(old[:n], new[:n])) + new[n:])
+    rb = before["rollback"]
+    undone = (active & ~ok).astype(jnp.int32).reshape(rb["now"].shape)
+    return {**kept, "rollback": {"count": rb["count"] + undone, "now": undone}}, undone.reshape(-1)
