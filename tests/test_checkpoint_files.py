@@ -403,7 +403,7 @@ def test_checkpoint_file_has_no_pickle_and_readable_names(learner, tmp_path):
         names = list(z.files)
         loaded = {n: z[n] for n in names}               # reading every member needs no pickle
     assert set(names) == set(state) | {"__meta__"}
-    readable = re.compile(r"^(params|opt|hidden|traces|stats)(\.[A-Za-z0-9_]+)+$")
+    readable = re.compile(r"^(params|opt|hidden|traces|stats|rollback)(\.[A-Za-z0-9_]+)+$")
     for n in names:
         assert n == "__meta__" or readable.match(n), n
     for want in ("params.cell.z.W", "params.cell.z.b", "params.out.W", "hidden.cell.h",

@@ -81,11 +81,14 @@ def test_cluster_up_refuses_bad_settings_in_one_line(flags):
     out = subprocess.run([sys.executable, "-m", "streamtrace", "cluster", "up", "--port", str(free_port()), *flags],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out
-    assert out.stderr.startswith("cluster up: --"), out.stderr
+    # the parser's own refusal (a bad value) or cluster up's (settings that do not fit together)
+    assert "cluster up" in out.stderr and flags[-2] in out.stderr, out.stderr
 
 
-def test_cluster_up_passes_every_worker_setting_on():
+def test_cluster_up_passes_every_worker_setting_on(tmp_path, monkeypatch):
     import argparse
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "e.toml").write_text("")           # --config must name a file that is there
 
     from streamtrace.cluster.cli import add_parsers
     from streamtrace.cluster.up import worker_argv

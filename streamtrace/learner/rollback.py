@@ -44,6 +44,12 @@ def _finite(buffers) -> jax.Array:
     return ok
 
 
+def _put(flat, at: int, value):
+    """``flat`` with ``value`` written from ``at`` on (static offsets: slices laid end to end,
+    which every backend compiles; IREE refused the scatter that ``.at[].set`` becomes)."""
+    return jnp.concatenate([flat[:at], value, flat[at + value.shape[0]:]])
+
+
 def gate_buffers(layout, before: tuple, after: tuple, active):
     """``gate`` on packed buffers (``layout.pack``'s): (buffers, undone). Where a call's state
     crosses as buffers (a one-step program), the check and the select are one pass over each
@@ -57,21 +63,27 @@ def gate_buffers(layout, before: tuple, after: tuple, active):
     flat = out[count.buffer].reshape(-1)
     rows = out[count.buffer].shape
     c0, n0 = layout.offset(count), layout.offset(now)
-    flat = flat.at[c0:c0 + count.size].add(undone.astype(flat.dtype))
-    flat = flat.at[n0:n0 + now.size].set(undone.astype(flat.dtype))
+    flat = _put(flat, c0, flat[c0:c0 + count.size] + undone.astype(flat.dtype))
+    flat = _put(flat, n0, undone.astype(flat.dtype))
     out[count.buffer] = flat.reshape(rows)
     return tuple(out) + tuple(after[n:]), undone
 
 
 def gate(layout, before: dict, after: dict, active):
-    """(state, undone): ``after`` (the state a step wrote), or, where any value of its packed
-    small arrays is not finite, ``before`` (the state it started from) with the rollback
-    counted for the ``active`` slots (N,). ``undone`` (N,) int32: 1 for a slot whose step was
-    undone."""
-    n = len(layout.dtypes)
-    old, new = layout.pack(before), layout.pack(after)
-    ok = _finite(new[:n])
-    kept = layout.unpack(tuple(jnp.where(ok, b, a) for a, b in zip(old[:n], new[:n])) + new[n:])
+    """(state, undone): ``after`` (the state a step wrote), or, where any value of the arrays
+    the layout packs (the small ones) is not finite, ``before`` (the state it started from)
+    with the rollback counted for the ``active`` slots (N,). ``undone`` (N,) int32: 1 for a slot
+    whose step was undone. On the state tree, for steps inside a scan or loop (also of a few
+    gathered slots, whose arrays are not the layout's shapes): the packed leaves are chosen by
+    position."""
+    alone = set(layout.alone)
+    old, tree = jax.tree_util.tree_flatten(before)
+    new = tree.flatten_up_to(after)
+    small = [i for i in range(len(old)) if i not in alone]
+    ok = _finite([jnp.concatenate([jnp.ravel(new[i]) for i in small if new[i].dtype == dt])
+                  for dt in {new[i].dtype for i in small if jnp.issubdtype(new[i].dtype, jnp.inexact)}])
+    kept = [jnp.where(ok, b, a) if i in small and b is not a else b for i, (a, b) in enumerate(zip(old, new))]
+    kept = jax.tree_util.tree_unflatten(tree, kept)
     rb = before["rollback"]
     undone = (active & ~ok).astype(jnp.int32).reshape(rb["now"].shape)
     return {**kept, "rollback": {"count": rb["count"] + undone, "now": undone}}, undone.reshape(-1)
