@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import math
 import re
-
-import saiunit as u
+from functools import cache
 
 __all__ = ["UnitError", "parse_unit", "parse_quantity", "to_seconds", "to_steps", "to_hz", "in_unit",
            "conversion_factor", "dimension_name"]
@@ -31,10 +30,22 @@ _WORD = re.compile(r"^(nano|micro|milli|centi|kilo|mega)?(volt|hertz|second|ampe
 _PREFIX = {None: "", "nano": "n", "micro": "u", "milli": "m", "centi": "c", "kilo": "k", "mega": "M"}
 _BASE = {"volt": "V", "hertz": "Hz", "second": "s", "ampere": "A", "amp": "A", "meter": "m", "metre": "m",
          "gram": "g", "tesla": "T", "pascal": "Pa", "newton": "N", "ohm": "ohm", "kelvin": "K"}
-_DIMENSIONS = (("a duration", u.second), ("a frequency", u.hertz), ("a voltage", u.volt), ("a current", u.amp),
-               ("a length", u.meter), ("a mass", u.kilogram), ("a pressure", u.pascal),
-               ("a temperature", u.kelvin), ("a force", u.newton), ("a magnetic field", u.tesla),
-               ("a resistance", u.ohm), ("an acceleration", u.meter / u.second ** 2))
+
+
+@cache
+def _saiunit():
+    """saiunit, imported at the first quantity (it imports jax: the CLI's parsers stay light)."""
+    import saiunit
+    return saiunit
+
+
+@cache
+def _dimensions():
+    u = _saiunit()
+    return (("a duration", u.second), ("a frequency", u.hertz), ("a voltage", u.volt), ("a current", u.amp),
+            ("a length", u.meter), ("a mass", u.kilogram), ("a pressure", u.pascal),
+            ("a temperature", u.kelvin), ("a force", u.newton), ("a magnetic field", u.tesla),
+            ("a resistance", u.ohm), ("an acceleration", u.meter / u.second ** 2))
 
 
 class UnitError(ValueError):
@@ -49,29 +60,29 @@ class UnitError(ValueError):
         super().__init__(f"{key}: {problem}")
 
 
-def parse_unit(name: str, *, key: str) -> u.Unit:
+def parse_unit(name: str, *, key: str):
     """The saiunit unit a name stands for (``"mV"``, ``"m / s^2"``, ``"microvolts"``, ``"µV"``).
 
-    >>> parse_unit("microvolts", key="stream.units")
-    Unit("uV")
+    >>> parse_unit("microvolts", key="stream.units") == parse_unit("uV", key="stream.units")
+    True
     """
     text = str(name).strip().replace("µ", "u").replace("μ", "u")
     word = _WORD.match(text.lower())
     if word:
         text = _PREFIX[word.group(1)] + _BASE[word.group(2)]
     try:
-        return u.parse_unit(text)
+        return _saiunit().parse_unit(text)
     except ValueError:
         raise UnitError(key, f"{name!r} is not a unit saiunit knows (e.g. 'ms', 'Hz', 'mV', 'V', "
                              "'m / s^2')") from None
 
 
-def parse_quantity(text: str, *, key: str) -> u.Quantity:
+def parse_quantity(text: str, *, key: str):
     """``"<number> <unit>"`` as a saiunit Quantity; a string without a unit is refused here (the
     callers take a bare number as it is).
 
-    >>> parse_quantity("20 ms", key="k")
-    Quantity(20., "ms")
+    >>> parse_quantity("20 ms", key="k").to_decimal(parse_unit("s", key="k"))
+    0.02
     """
     m = _NUMBER.match(text) if isinstance(text, str) else None
     if not m:
@@ -82,19 +93,19 @@ def parse_quantity(text: str, *, key: str) -> u.Quantity:
     return value * parse_unit(m.group(2), key=key)
 
 
-def dimension_name(unit: u.Unit) -> str:
-    """Words for a unit's dimension ("a duration", "a voltage", ...).
+def dimension_name(unit) -> str:
+    """Words for a saiunit unit's dimension ("a duration", "a voltage", ...).
 
-    >>> dimension_name(u.parse_unit("kHz"))
+    >>> dimension_name(parse_unit("kHz", key="k"))
     'a frequency'
     """
-    for words, ref in _DIMENSIONS:
+    for words, ref in _dimensions():
         if unit.dim == ref.dim:
             return words
-    return "dimensionless" if unit.dim == u.UNITLESS.dim else f"a quantity of dimension {unit.dim}"
+    return "dimensionless" if unit.dim == _saiunit().UNITLESS.dim else f"a quantity of dimension {unit.dim}"
 
 
-def _convert(value, key: str, unit: u.Unit, want: str):
+def _convert(value, key: str, unit, want: str):
     """``value`` (bare number: None) or the quantity in ``unit``, refusing another dimension."""
     if isinstance(value, bool):
         raise UnitError(key, f"must be a number or a quantity; got {value!r}")
@@ -105,7 +116,7 @@ def _convert(value, key: str, unit: u.Unit, want: str):
     if _NUMBER.match(value) and not _NUMBER.match(value).group(2):
         return None                   # "20": a bare number written as a string
     q = parse_quantity(value, key=key)
-    got = u.get_unit(q)
+    got = _saiunit().get_unit(q)
     if got.dim != unit.dim:
         raise UnitError(key, f"{value!r} is {dimension_name(got)}; {want}")
     return float(q.to_decimal(unit))
@@ -121,7 +132,7 @@ def to_seconds(value, *, key: str) -> float:
     >>> to_seconds("2 min", key="engine.park_s")
     120.0
     """
-    s = _convert(value, key, u.second, "a duration is needed (e.g. '30 s')")
+    s = _convert(value, key, _saiunit().second, "a duration is needed (e.g. '30 s')")
     return _bare(value) if s is None else s
 
 
@@ -135,7 +146,7 @@ def to_steps(value, *, key: str, rate_hz: float | None) -> float:
     >>> to_steps(7, key="learning.horizon", rate_hz=None)
     7.0
     """
-    s = _convert(value, key, u.second, "a duration is needed (e.g. '20 ms') or a number of steps")
+    s = _convert(value, key, _saiunit().second, "a duration is needed (e.g. '20 ms') or a number of steps")
     if s is None:
         return _bare(value)
     if not rate_hz:
@@ -150,7 +161,7 @@ def to_hz(value, *, key: str) -> float:
     >>> to_hz("250 Hz", key="stream.rate")
     250.0
     """
-    s = _convert(value, key, u.hertz, "a frequency is needed (e.g. '250 Hz')")
+    s = _convert(value, key, _saiunit().hertz, "a frequency is needed (e.g. '250 Hz')")
     return _bare(value) if s is None else s
 
 
@@ -165,7 +176,7 @@ def in_unit(value, *, key: str, unit: str) -> float:
         if isinstance(value, str) and _NUMBER.match(value) and _NUMBER.match(value).group(2):
             raise UnitError(key, f"{value!r} has a unit, but the channel declares none: declare the stream's "
                                  "channel units ([stream] units) or give a bare number")
-        s = _convert(value, key, u.UNITLESS, "")
+        s = _convert(value, key, _saiunit().UNITLESS, "")
         return _bare(value) if s is None else s
     target = parse_unit(unit, key=key)
     s = _convert(value, key, target, f"the channel's unit is {unit!r} ({dimension_name(target)})")

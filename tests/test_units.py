@@ -245,3 +245,14 @@ def test_serve_refuses_a_bad_quantity_in_one_line_exit_2(tmp_path):
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert lines == ["config error: learning.horizon: '3 V' is a voltage; a duration is needed (e.g. '20 ms') "
                      "or a number of steps"], r.stderr
+
+
+def test_the_docstring_examples_run():
+    import doctest
+
+    import streamtrace.adapters.stream_units
+    import streamtrace.engine.quantities
+    import streamtrace.units
+    for module in (streamtrace.units, streamtrace.engine.quantities, streamtrace.adapters.stream_units):
+        result = doctest.testmod(module)
+        assert result.attempted > 0 and result.failed == 0, module.__name__

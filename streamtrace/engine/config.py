@@ -11,7 +11,7 @@ from urllib.parse import urlparse
 
 from .quantities import QUANTITY_KEYS
 
-__all__ = ["EngineConfig", "load_config", "ConfigError"]
+__all__ = ["EngineConfig", "load_config", "ConfigError", "stream_section"]
 
 
 class ConfigError(ValueError):
@@ -593,6 +593,23 @@ def fill_section(obj, data: dict, where: str):
         raise ConfigError(where.rstrip("."), f"must be a table ([{where.rstrip('.')}]); got {data!r}")
     _fill(obj, data, where)
     return obj
+
+
+def stream_section(data: dict) -> StreamConfig:
+    """``[stream]`` of a parsed TOML ``data`` (absent: nothing declared), its rate in hertz and its
+    units checked; a bad value is a ``ConfigError`` naming the key. What the bridges read of the
+    serve config (the engine reads it with the rest, in ``load_config``).
+
+    >>> stream_section({"stream": {"rate": "2 kHz", "units": ["mV"]}})
+    StreamConfig(rate=2000.0, units=['mV'])
+    """
+    from ..units import UnitError
+    from .quantities import resolve_stream
+    stream = fill_section(StreamConfig(), data.get("stream", {}), "stream.")
+    try:
+        return resolve_stream(stream)
+    except UnitError as e:
+        raise ConfigError(e.key, e.problem) from None
 
 
 def load_config(path: str | Path | None = None, overrides: dict | None = None) -> EngineConfig:

@@ -12,7 +12,7 @@ import math
 
 from streamtrace import units
 
-__all__ = ["QUANTITY_KEYS", "resolve", "whole_steps"]
+__all__ = ["QUANTITY_KEYS", "resolve", "resolve_stream", "whole_steps"]
 
 STEPS = "steps"              # a number of steps; a duration * rate
 SECONDS = "seconds"          # a duration in seconds
@@ -116,7 +116,24 @@ def resolve(cfg) -> None:
     """Replace every quantity string among ``cfg``'s :data:`QUANTITY_KEYS` (an ``EngineConfig``)
     with the number the engine takes, ``stream.rate`` first; then check ``stream.units``.
     Raises :class:`streamtrace.units.UnitError` naming the key."""
-    stream = cfg.stream
+    stream = resolve_stream(cfg.stream)
+    for key, kind in QUANTITY_KEYS.items():
+        section, name = key.split(".")
+        obj = getattr(cfg, section)
+        value = getattr(obj, name)
+        if isinstance(value, str):
+            units.parse_quantity(value, key=key)     # "20" (no unit) is refused: write 20
+            setattr(obj, name, convert(kind, value, key=key, rate_hz=stream.rate or None))
+
+
+def resolve_stream(stream):
+    """``[stream]`` (a ``StreamConfig``) with its rate in hertz and its units checked; what the
+    bridges read of a config too. Returns ``stream``.
+
+    >>> from streamtrace.engine.config import StreamConfig
+    >>> resolve_stream(StreamConfig(rate="1 kHz", units=["uV"]))
+    StreamConfig(rate=1000.0, units=['uV'])
+    """
     if isinstance(stream.rate, str):
         stream.rate = units.to_hz(stream.rate, key="stream.rate")
     if not (math.isfinite(stream.rate) and stream.rate >= 0):
@@ -126,10 +143,4 @@ def resolve(cfg) -> None:
             raise units.UnitError("stream.units", f"must be a list of unit names (\"\": none); got {name!r}")
         if name:
             units.parse_unit(name, key=f"stream.units[{i}]")
-    for key, kind in QUANTITY_KEYS.items():
-        section, name = key.split(".")
-        obj = getattr(cfg, section)
-        value = getattr(obj, name)
-        if isinstance(value, str):
-            units.parse_quantity(value, key=key)     # "20" (no unit) is refused: write 20
-            setattr(obj, name, convert(kind, value, key=key, rate_hz=stream.rate or None))
+    return stream
