@@ -27,7 +27,7 @@ import pytest
 os.environ.setdefault("LSLAPICFG", str(Path(__file__).with_name("lsl_api.cfg")))
 pylsl = pytest.importorskip("pylsl")
 
-from engine_helpers import running_engine  # noqa: E402
+from engine_helpers import fake_engine, running_engine  # noqa: E402
 from streamtrace.adapters import SensorClient  # noqa: E402
 from streamtrace.adapters.lsl import (ENGINE_SILENT_S, LslBridge, LslBridgeError, LslSettings,  # noqa: E402
                                       settings_from)
@@ -284,25 +284,6 @@ def unit_outlet(name: str, units, srate: float = 100.0):
         ch.append_child_value("label", f"C{i}")
         ch.append_child_value("unit", unit)
     return pylsl.StreamOutlet(info)
-
-
-def fake_engine():
-    """A ROUTER standing in for the engine: what the bridge forwards, read off the wire."""
-    import zmq
-
-    from streamtrace import wire
-    sock = zmq.Context.instance().socket(zmq.ROUTER)
-    sock.setsockopt(zmq.LINGER, 0)
-    port = sock.bind_to_random_port("tcp://127.0.0.1")
-
-    def received(n, timeout=20.0):
-        rows, end = [], time.monotonic() + timeout
-        while len(rows) < n and time.monotonic() < end:
-            if sock.poll(100):
-                msg = wire.decode(sock.recv_multipart()[-1])
-                rows.append(wire.unpack_array(msg["x"]).astype(np.float64))
-        return np.array(rows)
-    return sock, f"tcp://127.0.0.1:{port}", received
 
 
 def test_samples_in_the_outlets_units_are_forwarded_in_the_declared_units():
