@@ -41,14 +41,15 @@ class Conversion:
         return x if self.factors is None else np.asarray(x, np.float64) * self.factors
 
 
-def conform(rate_hz: float, source_units, *, declared_rate: float, declared_units, what: str) -> Conversion:
+def conform(rate_hz: float, source_units, *, declared_rate: float, declared_units, what: str,
+            tolerance: float = RATE_TOLERANCE) -> Conversion:
     """The :class:`Conversion` of a source (``rate_hz``, 0: irregular or not said; ``source_units``,
     one per channel, "" or []: not said) into the declared ``[stream]`` rate and units (0 / []:
-    not declared). Raises :class:`UnitError` whose ``key`` is ``what`` (the source, in words)
-    when they cannot match."""
+    not declared; the rates may differ by ``tolerance``, relative). Raises :class:`UnitError`
+    whose ``key`` is ``what`` (the source, in words) when they cannot match."""
     rate_hz = float(rate_hz or 0.0)
     src = [str(s or "") for s in (source_units or [])]
-    if rate_hz > 0 and declared_rate and abs(rate_hz - declared_rate) > RATE_TOLERANCE * declared_rate:
+    if rate_hz > 0 and declared_rate and abs(rate_hz - declared_rate) > tolerance * declared_rate:
         raise UnitError(what, f"samples at {rate_hz:g} Hz; the config's stream.rate is {declared_rate:g} Hz "
                               "(its durations in time units are steps at that rate)")
     dst = list(declared_units or [])

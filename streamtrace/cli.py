@@ -142,7 +142,8 @@ def main(argv=None) -> int:
     p.add_argument("--target-columns", default=None, help="targets sent as y (supervised engine): y1,y2")
     p.add_argument("--time-column", default=None, help="timestamps (seconds or ISO 8601), for --realtime")
     pace = p.add_mutually_exclusive_group()
-    pace.add_argument("--rate", type=float, default=None, help="rows per second (default: as fast as possible)")
+    pace.add_argument("--rate", default=None, help="rows per second, a number or a frequency such as '250 Hz' "
+                                                   "(default: as fast as possible)")
     pace.add_argument("--realtime", action="store_true", help="pace by the time column's steps")
     p.add_argument("--window", type=int, default=1000, help="score the last W steps, as evaluate does (0: all)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for one answer")
@@ -150,6 +151,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="", help="write every prediction with its row (.csv, or .npy)")
     p.add_argument("--serve", default=None, metavar="CONFIG",
                    help="start an engine with this TOML config for the replay, and stop it afterwards")
+    p.add_argument("--units", default=None, help="the input columns' units, comma-separated (e.g. uV,uV): "
+                   "converted into the [stream] units of --serve's config (default: already in them)")
     p.set_defaults(func=_run)
     _bridge_parsers(sub)
     args = parser.parse_args(argv)
