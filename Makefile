@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTHON ?= python3
 
-.PHONY: demo test bench quality clean broker browser
+.PHONY: demo test bench quality clean broker browser arm
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,7 +38,28 @@ browser:
 	  echo "*** chromium / chromium-driver could not be installed (apt-get needs root and a reachable mirror): the" \
 	       "dashboard's browser test will fail ***" >&2
 
-test: $(VENV)/.installed broker browser
+# The aarch64 export test runs an exported learner under Debian's qemu-user, with the
+# arm64 C and C++ runtimes, and iree-run-module from IREE's aarch64 runtime wheel, fetched
+# here (never at test time) into .cache/iree-aarch64-<version>, the venv's iree-base-runtime
+# version (the module and the tool must be of one release); apt-get bounded like the broker.
+# Without them that test is skipped and says why.
+IREE_VERSION = $$($(PY) -c 'import importlib.metadata as m; print(m.version("iree-base-runtime"))')
+arm: $(VENV)/.installed
+	@{ command -v qemu-aarch64 >/dev/null 2>&1 && test -e /usr/aarch64-linux-gnu/lib/ld-linux-aarch64.so.1 && \
+	   test -e /usr/aarch64-linux-gnu/lib/libstdc++.so.6; } || \
+	  { echo "*** installing qemu-user, libc6-arm64-cross, libstdc++6-arm64-cross for the aarch64 export test ***" >&2; \
+	    $(APT_BIG) install -y -q qemu-user libc6-arm64-cross libstdc++6-arm64-cross || \
+	    ($(APT) update -q && $(APT_BIG) install -y -q qemu-user libc6-arm64-cross libstdc++6-arm64-cross); } || \
+	  echo "*** qemu-user / the arm64 runtimes could not be installed (apt-get needs root and a reachable mirror):" \
+	       "the aarch64 export test will be skipped ***" >&2
+	@v=$(IREE_VERSION); dir=.cache/iree-aarch64-$$v; tool=$$dir/iree/_runtime_libs/iree-run-module; \
+	test -x $$tool || { rm -rf $$dir && mkdir -p $$dir && \
+	  $(PY) -m pip download --quiet --no-deps --only-binary=:all: --platform manylinux_2_28_aarch64 \
+	    --python-version 3.11 -d $$dir "iree-base-runtime==$$v" && \
+	  $(PY) -m zipfile -e $$dir/iree_base_runtime-$$v-*.whl $$dir && chmod +x $$tool; } || \
+	  echo "*** IREE's aarch64 runtime wheel could not be fetched: the aarch64 export test will be skipped ***" >&2
+
+test: $(VENV)/.installed broker browser arm
 	$(PY) -m pytest -q
 
 bench: $(VENV)/.installed
@@ -51,4 +72,4 @@ quality: $(VENV)/.installed
 	$(PY) bench/quality.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info .cache

@@ -3,7 +3,8 @@
 ``SensorClient`` uses a DEALER socket against the engine's ROUTER: ``step()`` sends one step
 and waits for its answer (the lowest-latency path); ``send()`` / ``recv()`` pipeline several.
 ``PushClient`` is fire-and-forget against the engine's PULL socket (answers go to the PUB
-socket only). Sequence numbers are kept per stream by the client.
+socket only). Sequence numbers are kept per stream by the client, which resyncs them by itself
+after the engine or the sensor restarts (adapters/numbering.py).
 """
 from __future__ import annotations
 
@@ -14,21 +15,10 @@ import zmq
 
 from streamtrace import wire
 
-__all__ = ["SensorClient", "PushClient", "EngineError", "Prediction"]
+from .numbering import NumberedClient
+from .replies import EngineError, Prediction, decode_reply
 
-
-class EngineError(RuntimeError):
-    def __init__(self, code: str, message: str, reply: dict):
-        super().__init__(f"{code}: {message}")
-        self.code, self.reply = code, reply
-
-
-class Prediction(dict):
-    """A decoded 'prediction' reply; ``.pred`` is the numpy prediction."""
-
-    @property
-    def pred(self) -> np.ndarray:
-        return self["pred"]
+__all__ = ["SensorClient", "PushClient", "EngineError", "Prediction", "decode_reply"]
 
 
 def _curve(sock, server_public_key, client_keys):
@@ -41,16 +31,6 @@ def _curve(sock, server_public_key, client_keys):
         public, secret = zmq.auth.load_certificate(client_keys)
     sock.curve_serverkey = server_public_key
     sock.curve_publickey, sock.curve_secretkey = public, secret
-
-
-def decode_reply(raw: bytes) -> dict:
-    msg = wire.decode(raw, max_bytes=1 << 30)
-    if msg["type"] == "prediction":
-        msg["pred"] = wire.unpack_array(msg["pred"], "pred")
-        return Prediction(msg)
-    if msg["type"] == "weights":
-        msg["params"] = {n: wire.unpack_array(a, n, max_elements=1 << 28) for n, a in msg["params"].items()}
-    return msg
 
 
 class _Timed:
@@ -85,7 +65,43 @@ class _Timed:
         self.close()
 
 
-class SensorClient(_Timed):
+class SensorClient(NumberedClient, _Timed):
+    """A sensor's request/reply connection to an engine (its ``[sockets] router``).
+
+    ``step(x)`` sends one step and waits for its :class:`Prediction`; ``send`` / ``recv``
+    pipeline several (answers come back in order). Each stream (``stream=`` on every call,
+    default the client's) is numbered 0, 1, 2, ... by the client. After the engine or this
+    sensor process restarts, the engine's ``repeat`` / ``gap`` refusal names the number it
+    expects: the client takes it and sends the step again, without raising and without losing
+    it (``resyncs`` counts these, and each is logged on the ``streamtrace.client`` logger).
+    Any other refusal raises :class:`EngineError` (``recv(raise_errors=False)`` returns it
+    instead) and uses up no number. Nothing waits longer than ``timeout_s``: TimeoutError.
+
+    Parameters
+    ----------
+    endpoint : the engine's ROUTER endpoint.
+    stream : the default stream id (1..128 printable characters).
+    start_seq : the default stream's first sequence number (other streams start at 0; a
+        wrong guess is resynced).
+    timeout_s : how long a send or one answer is waited for.
+    ctx : a ZeroMQ context (default: the process's shared one).
+    server_public_key, client_keys : CURVE: the engine's public key and this client's key file
+        (``streamtrace keys``); none: no encryption.
+
+    Example (with ``streamtrace serve`` running a model of one input)::
+
+        import numpy as np
+        from streamtrace.adapters import SensorClient, EngineError
+        with SensorClient("tcp://127.0.0.1:5555", stream="imu-7") as sensor:
+            reply = sensor.step(np.array([0.5], np.float32))     # reply.pred, reply["loss"]
+            sensor.send([0.6], stream="imu-8")                    # pipelined, numbered per stream
+            other = sensor.recv()
+            try:
+                sensor.step(np.zeros(3, np.float32))              # a shape the model does not take
+            except EngineError as e:
+                print(e.code)                                     # bad_shape
+    """
+
     def __init__(self, endpoint: str = "tcp://127.0.0.1:5555", *, stream: str = "sensor-0", start_seq: int = 0,
                  timeout_s: float = 10.0, ctx: zmq.Context | None = None, server_public_key: bytes | None = None,
                  client_keys: str | None = None):
@@ -94,43 +110,30 @@ class SensorClient(_Timed):
         self.sock.setsockopt(zmq.LINGER, 0)
         _curve(self.sock, server_public_key, client_keys)
         self.sock.connect(endpoint)
-        self.endpoint, self.stream, self.seq = endpoint, stream, start_seq
+        self.endpoint = endpoint
+        self._numbered(stream, start_seq)
         self.timeout_ms = int(timeout_s * 1000)
 
-    def send(self, x, y=None, *, stream: str | None = None, seq: int | None = None, mode: str | None = None) -> int:
-        """Queue one step without waiting for its answer; returns its sequence number (a send
-        that times out raises TimeoutError and uses no number)."""
-        n = self.seq if seq is None else seq
-        self.send_raw(wire.data_message(stream or self.stream, n, x, y, ts=time.time(), mode=mode))
-        if seq is None:
-            self.seq += 1
-        return n
+    @property
+    def seq(self) -> int:
+        """The default stream's next sequence number."""
+        return self.numbering.next.get(self.stream, 0)
 
-    def send_raw(self, raw: bytes):
+    @property
+    def _wait_s(self) -> float:
+        return self._timeout_ms / 1000
+
+    def _transmit(self, stream: str, seq: int, raw: bytes):
         self._send([b"", raw])
 
-    def recv(self, *, raise_errors: bool = True) -> dict:
-        if not self.sock.poll(self.timeout_ms):
-            raise TimeoutError(f"no answer from the engine within {self.timeout_ms} ms")
-        frames = self.sock.recv_multipart()
-        msg = decode_reply(frames[-1])
-        if raise_errors and msg["type"] == "error":
-            raise EngineError(msg["code"], msg["message"], msg)
-        return msg
+    def _receive(self, timeout_s: float) -> dict:
+        if not self.sock.poll(int(timeout_s * 1000)):
+            raise TimeoutError(f"no answer from the engine within {int(timeout_s * 1000)} ms")
+        return decode_reply(self.sock.recv_multipart()[-1])
 
-    def step(self, x, y=None, *, mode: str | None = None) -> Prediction:
-        """Send one step and wait for its prediction. A refused step does not use up its
-        sequence number, and a 'gap' error moves the numbering to what the engine expects, so
-        the stream goes on with the next call."""
-        seq = self.send(x, y, mode=mode)
-        msg = self.recv(raise_errors=False)
-        if msg["type"] == "error":
-            if msg.get("stream") == self.stream and "expected" in msg:
-                self.seq = msg["expected"]
-            elif msg.get("seq", seq) == seq and self.seq == seq + 1:   # refused unread: seq unused
-                self.seq = seq
-            raise EngineError(msg["code"], msg["message"], msg)
-        return msg
+    def send_raw(self, raw: bytes):
+        """Send bytes as they are (not numbered, never resent)."""
+        self._send([b"", raw])
 
     def label(self, seq: int, y, *, stream: str | None = None) -> dict:
         """The target of the data message ``seq`` sent earlier without one (the engine's
@@ -139,6 +142,7 @@ class SensorClient(_Timed):
         return self.recv()
 
     def get_weights(self) -> dict:
+        """A ``weights`` snapshot of the engine's parameters (``params``: name -> array)."""
         self.send_raw(wire.encode({"type": "get_weights"}))
         return self.recv()
 
@@ -147,7 +151,31 @@ class SensorClient(_Timed):
 
 
 class PushClient(_Timed):
-    """Fire-and-forget: predictions are published on the engine's PUB socket only."""
+    """Fire-and-forget to the engine's PULL socket (``[sockets] pull``): no answer comes back
+    here; predictions and refusals are published on the engine's PUB socket only (topics
+    ``pred/<stream>`` and ``error``; :class:`~streamtrace.adapters.Subscriber` reads them).
+
+    With no reply there is nothing to resync from: a PushClient restarted while the engine
+    still knows its stream must be given the stream's next number (``start_seq``), else its
+    steps are refused as ``repeat`` (published on ``error``, counted in the engine's stats). Use
+    :class:`SensorClient` where the sensor may restart.
+
+    Parameters
+    ----------
+    endpoint : the engine's PULL endpoint.
+    stream : the stream id of every step.
+    start_seq : the first sequence number.
+    timeout_s : how long a send waits to be handed to the engine (then TimeoutError).
+    ctx, server_public_key, client_keys : as for :class:`SensorClient`.
+
+    Example (with ``streamtrace serve`` running a model of one input)::
+
+        import numpy as np
+        from streamtrace.adapters import PushClient
+        with PushClient("tcp://127.0.0.1:5556", stream="pump-3") as push:
+            for v in (0.1, 0.2, 0.3):
+                push.send(np.array([v], np.float32))              # returns 0, 1, 2
+    """
 
     def __init__(self, endpoint: str = "tcp://127.0.0.1:5556", *, stream: str = "sensor-0", start_seq: int = 0,
                  timeout_s: float = 10.0, ctx: zmq.Context | None = None, server_public_key: bytes | None = None,

@@ -443,11 +443,13 @@ def add_arguments(parser):
     parser.add_argument("--stream-id", dest="stream_id", default=None,
                         help=f"engine stream id per LSL stream (default {d.stream_id!r}; fields {{name}}, {{type}}, "
                              "{source_id} (the name when empty), {hostname})")
-    parser.add_argument("--wait", dest="wait_s", type=float, default=None,
+    from streamtrace.arguments import nonnegative_float, output_file
+    parser.add_argument("--wait", dest="wait_s", type=nonnegative_float, default=None,
                         help=f"seconds to wait for a matching stream (default {d.wait_s:g})")
-    parser.add_argument("--rescan", dest="rescan_s", type=float, default=None,
+    parser.add_argument("--rescan", dest="rescan_s", type=nonnegative_float, default=None,
                         help=f"look for new matching streams every so many seconds, 0: never (default {d.rescan_s:g})")
-    parser.add_argument("--stats-json", default=None, metavar="FILE", help="write the bridge's counters here at exit")
+    parser.add_argument("--stats-json", type=output_file, default=None, metavar="FILE",
+                        help="write the bridge's counters here at exit (default: none)")
 
 
 def settings_from(args):

@@ -417,9 +417,13 @@ FLAGS = {  # flag -> (settings field, type, help)
 
 def add_arguments(parser):
     """Flags of ``streamtrace bridge mqtt`` beyond --config and --endpoint."""
+    from streamtrace.arguments import nonnegative_int, output_file, port, positive_int
+    kinds = {"--port": port, "--stream-level": nonnegative_int, "--max-payload": positive_int}
     for flag, (_, kind, text) in FLAGS.items():
-        parser.add_argument(flag, type=kind, default=None, help=text)
-    parser.add_argument("--stats-json", default=None, help="write the final counters to this file as JSON")
+        parser.add_argument(flag, type=kinds.get(flag, kind), default=None, help=text,
+                            **({"choices": [0, 1, 2]} if flag == "--qos" else {}))
+    parser.add_argument("--stats-json", type=output_file, default=None,
+                        help="write the final counters to this file as JSON (default: none)")
 
 
 def settings_from(args):

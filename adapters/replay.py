@@ -16,7 +16,6 @@ import json
 import math
 import sys
 import time
-import tomllib
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,34 +56,18 @@ class Rows:
     y: np.ndarray | None            # (rows, targets) in supervised mode
     ts: np.ndarray | None           # seconds, when a time column is given
     bad: dict[int, str]             # row index -> why it is not sent
-
-
-def _pick(table: Table, names, what: str) -> list[str]:
-    out = []
-    for n in names:
-        n = n.strip()
-        if n not in table.columns and n.isdigit() and int(n) < len(table.names):
-            n = table.names[int(n)]        # a column by position
-        if n not in table.columns:
-            raise ReplayError(f"{what}: no column {n!r}; the file has {table.names}")
-        out.append(n)
-    return out
+    note: str = ""                  # time-like columns left out of the inputs (files.Columns.note)
 
 
 def select_rows(table: Table, columns=None, target_columns=None, time_column: str | None = None) -> Rows:
-    """Inputs (default: every mostly-numeric column that is neither the time nor a target),
-    targets and timestamps as arrays, and the rows that cannot be sent, with the reason."""
-    targets = _pick(table, target_columns or [], "--target-columns")
-    times = _pick(table, [time_column], "--time-column") if time_column else []
-    if columns:
-        inputs = _pick(table, columns, "--columns")
-    else:
-        def numeric(n):
-            v = np.array([number(c) for c in table.columns[n]])
-            return np.isfinite(v).sum() > len(v) / 2
-        inputs = [n for n in table.names if n not in targets + times and numeric(n)]
-    if not inputs:
-        raise ReplayError(f"no numeric input columns in {table.names}; name them with --columns")
+    """Inputs, targets and timestamps as arrays (columns chosen by
+    :func:`streamtrace.files.choose_columns`, as ``evaluate`` chooses them), and the rows that
+    cannot be sent, with the reason."""
+    try:
+        chosen = files.choose_columns(table, columns, target_columns, time_column)
+    except files.FileError as e:
+        raise ReplayError(str(e)) from None
+    inputs, targets, times = chosen.inputs, chosen.targets, [chosen.time] if chosen.time else []
     if len(table) == 0:
         raise ReplayError("the file has no data rows")
     bad: dict[int, str] = {}
@@ -105,7 +88,7 @@ def select_rows(table: Table, columns=None, target_columns=None, time_column: st
         for i in np.flatnonzero(~np.isfinite(ts)):
             bad.setdefault(int(i), f"time column {times[0]!r} is not a number or ISO date-time: "
                                    f"{table.columns[times[0]][i]!r}")
-    return Rows(inputs, targets, x, y, ts, dict(sorted(bad.items())))
+    return Rows(inputs, targets, x, y, ts, dict(sorted(bad.items())), chosen.note)
 
 
 # ---- pacing and progress ------------------------------------------------------------------------
@@ -180,6 +163,8 @@ class ReplayResult:
     persistence_nrmse: float = math.nan
     nrmse_all: float = math.nan                 # over every scored step (nrmse: the last ``window``)
     note: str = ""                              # why metrics are missing, when they are
+    channels: list | None = None                # forecast: the inputs (by position) the engine predicts
+    events: Counter = field(default_factory=Counter)   # answers flagged outlier / rolled_back (the screen)
 
     def summary(self) -> dict:
         clean = lambda v: None if isinstance(v, float) and not math.isfinite(v) else v  # noqa: E731
@@ -187,7 +172,8 @@ class ReplayResult:
                 "steps": self.answered, "scored": 0 if self.scored_targets is None else len(self.scored_targets),
                 "bad_rows": len(self.bad_rows), "refused": dict(self.refused), "nrmse": clean(self.nrmse),
                 "mae": clean(self.mae), "persistence_nrmse": clean(self.persistence_nrmse),
-                "nrmse_all": clean(self.nrmse_all), "seconds": round(self.seconds, 3)}
+                "nrmse_all": clean(self.nrmse_all), "outliers": self.events["outlier"],
+                "rolled_back": self.events["rolled_back"], "seconds": round(self.seconds, 3)}
 
 
 def _score(result: ReplayResult, rows: Rows, window: int):
@@ -197,13 +183,15 @@ def _score(result: ReplayResult, rows: Rows, window: int):
     if len(idx) < 3:
         result.note = "fewer than 3 answered rows: nothing to score"
         return
-    if result.mode == "forecast":      # answer j predicts the next answered row's inputs
-        pred, target, last = p[:-1], rows.x[idx[1:]], rows.x[idx[:-1]]
+    if result.mode == "forecast":      # answer j predicts the next answered row's inputs (or its channels)
+        cols = result.channels or slice(None)
+        pred, target, last = p[:-1], rows.x[idx[1:]][:, cols], rows.x[idx[:-1]][:, cols]
     else:                              # answer j predicts row j's targets; persistence: row j-1's
         pred, target, last = p[1:], rows.y[idx[1:]], rows.y[idx[:-1]]
     if pred.shape[1] != target.shape[1]:
         result.note = (f"the engine predicts {pred.shape[1]} values, the rows have {target.shape[1]} "
-                       f"{'inputs' if result.mode == 'forecast' else 'targets'}: not scored")
+                       f"{'inputs' if result.mode == 'forecast' else 'targets'}: not scored" +
+                       (" (a forecast of some inputs: give them with --channels)" if result.mode == "forecast" else ""))
         return
     w = window if 0 < window < len(target) else len(target)
     result.scored_predictions, result.scored_targets = pred[-w:], target[-w:]
@@ -218,9 +206,11 @@ def _score(result: ReplayResult, rows: Rows, window: int):
 def replay(path: str | Path, endpoint: str = DEFAULT_ENDPOINT, *, stream: str | None = None, columns=None,
            target_columns=None, time_column: str | None = None, rate: float | None = None,
            realtime: bool = False, window: int = 1000, timeout_s: float = 60.0, progress: bool = False,
-           nats: str | None = None, creds=None, units: FileUnits | None = None) -> ReplayResult:
+           nats: str | None = None, creds=None, channels=None, units: FileUnits | None = None) -> ReplayResult:
     """Send every good row of ``path`` to the engine at ``endpoint`` and score its answers.
     With ``target_columns`` the rows carry ``y`` (the engine must be in supervised mode).
+    ``channels``: the input columns (positions among the inputs) a forecast engine predicts, its
+    ``learning.channels`` (None: all of them).
     With ``nats`` (a URL), to a cluster through NATS instead (streamtrace[cluster]; ``creds``:
     its ``Credentials``). With ``units`` (:class:`FileUnits`), the file's rate is checked and its
     inputs converted into the engine's declared ``[stream]`` (inputs, predictions and scores are
@@ -234,11 +224,14 @@ def replay(path: str | Path, endpoint: str = DEFAULT_ENDPOINT, *, stream: str | 
     rows = select_rows(table, columns, target_columns, time_column)
     if units is not None:
         rows.x = units.apply(rows)
+    channels = _channels(channels, rows)
+    if progress and rows.note:      # said before the replay starts, where the progress goes
+        print(f"replay: {rows.note}", file=sys.stderr, flush=True)
     stream = stream or Path(path).stem[:128] or "replay"
     mode = "supervised" if rows.targets else "forecast"
     good = [i for i in range(len(table)) if i not in rows.bad]
     bar = ProgressBar(len(table), enabled=progress)
-    refused, answered, preds = Counter(), [], []
+    refused, answered, preds, events = Counter(), [], [], Counter()
     t0 = time.perf_counter()
     if nats:
         from streamtrace.cluster.client import ClusterClient
@@ -248,23 +241,20 @@ def replay(path: str | Path, endpoint: str = DEFAULT_ENDPOINT, *, stream: str | 
         for k, i in enumerate(good):
             pacer.wait(k, None if rows.ts is None else rows.ts[i])
             y = None if rows.y is None else rows.y[i]
-            for attempt in (0, 1):     # a gap/repeat reply resyncs the client: the row goes again once
-                try:
-                    reply = client.step(rows.x[i], y)
-                except EngineError as e:
-                    if e.code in ("gap", "repeat") and attempt == 0:
-                        continue
-                    if not answered and e.code in ("bad_shape", "bad_dtype"):
-                        raise ReplayError(f"the engine refused the first row: {e} (do --columns / "
-                                          f"--target-columns match the model's inputs and outputs?)") from None
-                    refused[e.code] += 1
-                except TimeoutError:
-                    raise ReplayError(f"no answer from an engine at {endpoint} within {timeout_s:g} s: is it "
-                                      "running there (or give --serve CONFIG)?") from None
-                else:
-                    answered.append(i)
-                    preds.append(np.asarray(reply.pred, np.float64).reshape(-1))
-                break
+            try:                       # a gap/repeat reply is resynced by the client: the row goes again
+                reply = client.step(rows.x[i], y)
+            except EngineError as e:
+                if not answered and e.code in ("bad_shape", "bad_dtype"):
+                    raise ReplayError(f"the engine refused the first row: {e} (do --columns / "
+                                      f"--target match the model's inputs and outputs?)") from None
+                refused[e.code] += 1
+            except TimeoutError:
+                raise ReplayError(f"no answer from an engine at {endpoint} within {timeout_s:g} s: is it "
+                                  "running there (or give --serve CONFIG)?") from None
+            else:
+                answered.append(i)
+                preds.append(np.asarray(reply.pred, np.float64).reshape(-1))
+                events.update(k for k in ("outlier", "rolled_back") if isinstance(reply, dict) and reply.get(k))
             bar(i + 1, sum(refused.values()), len(rows.bad))
     bar(len(table), sum(refused.values()), len(rows.bad), final=True)
     n_out = preds[0].size if preds else 0
@@ -272,8 +262,20 @@ def replay(path: str | Path, endpoint: str = DEFAULT_ENDPOINT, *, stream: str | 
                           {i: f"{table.where[i]}: {why}" for i, why in rows.bad.items()}, refused,
                           time.perf_counter() - t0, np.array(answered, int),
                           np.array(preds, np.float64).reshape(len(preds), n_out))
+    result.channels, result.events = channels, events
     _score(result, rows, window)
     return result
+
+
+def _channels(channels, rows: Rows) -> list | None:
+    if not channels:
+        return None
+    if rows.targets:
+        raise ReplayError("--channels chooses what a forecast predicts: not with --target")
+    if len(set(channels)) != len(channels) or not all(0 <= c < len(rows.inputs) for c in channels):
+        raise ReplayError(f"--channels {channels}: need distinct positions among the {len(rows.inputs)} inputs "
+                          f"{rows.inputs} (0..{len(rows.inputs) - 1})")
+    return list(channels)
 
 
 @dataclass
@@ -311,23 +313,15 @@ class FileUnits:
 
 
 # ---- command line --------------------------------------------------------------------------------
-def _engine_config(path: str) -> tuple[str, str]:
-    """The router address and learning mode a config file gives the engine."""
+def _engine_config(path: str) -> tuple[str, str, list]:
+    """The router address, learning mode and forecast channels a config file gives the engine
+    (checked as the engine checks it, so that a bad config is one line here, not the engine's exit)."""
+    from streamtrace.engine.config import ConfigError, load_config
     try:
-        cfg = tomllib.loads(Path(path).read_text())
-    except (OSError, tomllib.TOMLDecodeError) as e:
-        raise ReplayError(f"--serve {path}: {e}") from None
-    return (cfg.get("sockets", {}).get("router", DEFAULT_ENDPOINT),
-            cfg.get("learning", {}).get("mode", "forecast"))
-
-
-def _rate(text):
-    """--rate: rows per second, a number or a frequency ("250 Hz")."""
-    from streamtrace.units import UnitError, to_hz
-    try:
-        return None if text is None else to_hz(text, key="--rate")
-    except UnitError as e:
-        raise ReplayError(str(e)) from None
+        cfg = load_config(path)
+    except ConfigError as e:
+        raise ReplayError(f"--serve {path}: " + " ".join(str(e).removeprefix(f"--config: {path}: ").split())) from None
+    return cfg.sockets.router, cfg.learning.mode, list(cfg.learning.channels)
 
 
 def _file_units(args) -> FileUnits | None:
@@ -347,16 +341,15 @@ def _file_units(args) -> FileUnits | None:
     return FileUnits([u.strip() for u in args.units.split(",")] if args.units else [], declared)
 
 
-def _split(s: str | None):
-    return [c for c in s.split(",") if c.strip()] if s else None
-
-
 def _report(r: ReplayResult) -> str:
     columns = "inputs " + ",".join(r.inputs) + ("; targets " + ",".join(r.targets) if r.targets else "")
     lines = [f"replay {r.file} -> stream {r.stream!r} ({r.mode}; {columns}) in {r.seconds:.2f} s",
              f"rows {r.rows}  sent {r.sent}  answered {r.answered}  bad rows {len(r.bad_rows)}  "
              f"refused {sum(r.refused.values())}" +
              (" (" + ", ".join(f"{c} {n}" for c, n in sorted(r.refused.items())) + ")" if r.refused else "")]
+    if r.events:
+        lines.append(f"screened: {r.events['outlier']} steps with an outlier (not learnt from, not scored), "
+                     f"{r.events['rolled_back']} rolled back")
     for why in list(r.bad_rows.values())[:SHOWN_BAD_ROWS]:
         lines.append(f"  bad row, {why}")
     if len(r.bad_rows) > SHOWN_BAD_ROWS:
@@ -380,7 +373,7 @@ def write_predictions(r: ReplayResult, path: str | Path):
     if str(path).lower().endswith(".npy"):
         np.save(path, table)
         return
-    names = r.inputs if r.mode == "forecast" else r.targets
+    names = ([r.inputs[c] for c in r.channels] if r.channels else r.inputs) if r.mode == "forecast" else r.targets
     if len(names) != r.predictions.shape[1]:
         names = [str(j) for j in range(r.predictions.shape[1])]
     header = ",".join(["row"] + [f"pred_{n}" for n in names])
@@ -396,24 +389,26 @@ def run_cli(args) -> int:
     try:
         if stray_credential(args):
             raise ReplayError(f"{stray_credential(args)} is a NATS option: it needs --nats URL")
-        endpoint = args.endpoint or DEFAULT_ENDPOINT
-        rate, units = _rate(args.rate), _file_units(args)     # both refused before an engine starts
+        endpoint, channels = args.endpoint or DEFAULT_ENDPOINT, args.channels
+        units = _file_units(args)      # refused before an engine starts
         if args.serve:
-            router, mode = _engine_config(args.serve)
+            router, mode, served = _engine_config(args.serve)
+            channels = channels or served
             endpoint = args.endpoint or router
             if (mode == "supervised") != bool(args.target_columns):
                 raise ReplayError(f"--serve {args.serve} has learning.mode = {mode!r}: " +
-                                  ("give its targets with --target-columns" if mode == "supervised" else
-                                   "--target-columns needs learning.mode = 'supervised'"))
+                                  ("give its targets with --target" if mode == "supervised" else
+                                   "--target needs learning.mode = 'supervised'"))
             read_table(args.file)      # a bad file fails before an engine is started
             try:
                 engine = start_engine(Path(args.serve))
             except RuntimeError as e:
                 raise ReplayError(f"--serve {args.serve}: {e}") from None
-        r = replay(args.file, endpoint, stream=args.stream, columns=_split(args.columns),
-                   target_columns=_split(args.target_columns), time_column=args.time_column,
-                   rate=rate, realtime=args.realtime, window=args.window, timeout_s=args.timeout,
-                   progress=True, nats=args.nats, creds=credentials(args) if args.nats else None, units=units)
+        r = replay(args.file, endpoint, stream=args.stream, columns=files.split_names(args.columns),
+                   target_columns=files.split_names(args.target_columns), time_column=args.time_column, rate=args.rate,
+                   realtime=args.realtime, window=args.window, timeout_s=args.timeout, progress=True,
+                   nats=args.nats, creds=credentials(args) if args.nats else None, channels=channels,
+                   units=units)
     except (ReplayError, ConnectionError) as e:      # ConnectionError: a NATS server refused or absent
         print(f"replay: {e}", file=sys.stderr)
         return 2

@@ -44,27 +44,32 @@ class WeightsSubscriber:
         self.req = SensorClient(router_endpoint, stream="weights-subscriber", ctx=ctx)
         self.version: int | None = None
         self.params: dict[str, np.ndarray] = {}
+        self.state: dict[str, np.ndarray] = {}       # the rest of what predicts (readout, normaliser, experts)
+        self.streams: dict[str, int] = {}            # which slot serves which stream
         self.snapshots = 0
 
-    def snapshot(self):
-        msg = self.req.get_weights()
-        self.params = {n: np.array(v) for n, v in msg["params"].items()}
+    def _take(self, msg: dict, whole: bool):
+        if whole:
+            self.params, self.state = {}, {}
+        for part in ("params", "state"):
+            getattr(self, part).update({n: np.array(v) for n, v in msg.get(part, {}).items()})
+        self.streams = dict(msg.get("streams", {}))
         self.version = msg["version"]
+
+    def snapshot(self):
+        self._take(self.req.get_weights(), whole=True)
         self.snapshots += 1
 
     def apply(self, msg: dict) -> bool:
         """Apply one 'weights' message; False when it could not be applied (a gap)."""
         if msg["kind"] == "snapshot":
-            self.params = {n: np.array(v) for n, v in msg["params"].items()}
-            self.version = msg["version"]
+            self._take(msg, whole=True)
             return True
         if self.version is None or msg["version"] <= self.version:
             return True          # older than what we hold: nothing to do
         if msg["base"] != self.version:
             return False
-        for n, v in msg["params"].items():
-            self.params[n] = np.array(v)
-        self.version = msg["version"]
+        self._take(msg, whole=False)
         return True
 
     def poll(self, timeout_s: float = 1.0) -> bool:

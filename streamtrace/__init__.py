@@ -11,7 +11,7 @@ _FROM = {
                 "KappaFilter", "MultiStepData", "RandomFeedback", "SingleStepData", "compile_graph", "pp_prop"),
     ".learner": ("Algorithm", "CheckpointError", "CompileSettings", "Forecast", "Metrics", "OnlineLearner", "Slots",
                  "Supervised", "adam", "chain", "d_rtrl", "es_d_rtrl", "experts", "feedback", "frozen", "normalise",
-                 "param_groups", "residual", "rls", "rtrl"),
+                 "param_groups", "residual", "rls", "rtrl", "screen"),
 }
 _WHERE = {name: mod for mod, names in _FROM.items() for name in names}
 __all__ = ["nn", *_WHERE]

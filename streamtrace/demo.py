@@ -2,12 +2,14 @@
 progress, a summary table and a PNG plot."""
 from __future__ import annotations
 
+import math
 import tempfile
 import time
 from pathlib import Path
 
 from .dashboard.command import demo_dashboard
 from .launch import start_engine, stop, write_config
+from .loss_fall import finite_mean, first_last, number_or_dash
 
 __all__ = ["two_tone", "run_cli"]
 
@@ -74,11 +76,10 @@ def run_cli(args) -> int:
             got = stats.recv(timeout_s=1.0)
             if got:
                 s = got[1]
-                recent = [np.nanmean(l[max(1, d - 200):d]) for l, d in zip(losses, done) if d > 2]
-                recent = float(np.mean(recent)) if recent else float("nan")
+                recent = finite_mean([finite_mean(l[max(1, d - 200):d]) for l, d in zip(losses, done) if d > 2])
                 print(f"  {time.perf_counter() - t0:5.1f}s  steps {sum(done):7d}  {s['steps_per_s']:7.0f} steps/s  "
                       f"latency p50 {s['latency_us']['p50']:6.0f} us  p99 {s['latency_us']['p99']:6.0f} us  "
-                      f"recent MSE {recent:.4f}", flush=True)
+                      f"recent MSE {number_or_dash(recent, '.4f')}", flush=True)
     finally:
         for th in threads:
             th.join(timeout=5)
@@ -95,7 +96,7 @@ def run_cli(args) -> int:
     if args.plot:
         _plot(args.plot, series[0], preds[0], losses, tenth)
         print(f"plot: {args.plot}")
-    return 0 if not errors and all(r > 1 for r in ratios) else 1
+    return 0 if not errors and all(r > 1 for r in ratios) else 1     # NaN (no loss at all): not a fall
 
 
 def _summary(series, losses, done, tenth) -> list:
@@ -105,10 +106,12 @@ def _summary(series, losses, done, tenth) -> list:
           f"{'persistence':>11s}")
     ratios = []
     for i, (s, loss) in enumerate(zip(series, losses)):
-        first, last = np.nanmean(loss[1:tenth]), np.nanmean(loss[-tenth:])
-        ratios.append(first / last)
+        first, last = first_last(loss[1:], tenth)       # the warm-up's steps have no loss: not counted
+        fell = first / last if last > 0 else math.nan
+        ratios.append(fell)
         naive = float(np.mean((s[1:] - s[:-1])[-tenth:] ** 2))   # "the next value equals the last"
-        print(f"sensor-{i:<3d} {done[i]:6d} {first:10.4f} {last:10.5f} {first / last:5.1f}x {naive:11.5f}")
+        print(f"sensor-{i:<3d} {done[i]:6d} {number_or_dash(first, '10.4f')} {number_or_dash(last, '10.5f')} "
+              f"{number_or_dash(fell, '5.1f')}x {naive:11.5f}")
     return ratios
 
 
@@ -127,7 +130,9 @@ def _plot(path, series, pred, losses, smooth):
     a.legend(loc="upper right")
     for i, l in enumerate(losses):
         k = np.ones(smooth) / smooth
-        b.plot(np.convolve(np.nan_to_num(l, nan=l[1]), k, mode="valid"), label=f"sensor-{i}")
+        seen = l[np.isfinite(l)]
+        if seen.size:                  # the warm-up (no loss yet) drawn at the first loss
+            b.plot(np.convolve(np.nan_to_num(l, nan=seen[0]), k, mode="valid"), label=f"sensor-{i}")
     b.set_yscale("log")
     b.set_title("online loss (moving average)")
     b.set_xlabel("step")

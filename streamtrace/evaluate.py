@@ -30,7 +30,7 @@ import numpy as np
 from .tasks import Task, get_task
 
 __all__ = ["Result", "prequential", "nrmse", "mae", "persistence", "default_config", "task_config",
-           "evaluate", "learner_step_fn", "format_table", "summary_json", "plot"]
+           "config_data", "with_channels", "evaluate", "learner_step_fn", "format_table", "summary_json", "plot"]
 
 StepFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
@@ -79,7 +79,8 @@ def persistence(task: Task) -> np.ndarray:
     """Predict the last target seen: ``targets[t - 1]`` (for forecasts that is ``inputs[t]``)."""
     pred = np.empty_like(task.targets)
     pred[1:] = task.targets[:-1]
-    pred[0] = task.inputs[0] if task.mode == "forecast" else 0.0
+    same = task.mode == "forecast" and task.inputs.shape[1:] == task.targets.shape[1:]
+    pred[0] = task.inputs[0] if same else 0.0     # a forecast of some channels: nothing seen yet
     return pred
 
 
@@ -158,22 +159,47 @@ def default_config(task: Task) -> dict:
     return data
 
 
+def config_data(task: Task, config: dict | str | Path | None = None) -> dict:
+    """The config as a TOML-equivalent dict: a copy of ``config``, the TOML file it names, or
+    :func:`default_config` for ``task`` when None.
+
+    Example: ``config_data(get_task("narma10", 50))["learning"]["mode"]`` is "supervised"."""
+    from .engine.config import ConfigError
+    if config is None:
+        return default_config(task)
+    if isinstance(config, dict):
+        return copy.deepcopy(config)
+    try:
+        return tomllib.loads(Path(config).read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {config} not found") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{config}: invalid TOML: {e}") from None
+
+
+def with_channels(task: Task, data: dict) -> Task:
+    """``task`` predicting only the config's ``learning.channels`` (a forecast of some input
+    channels, the rest exogenous); unchanged when the config names none.
+
+    Example: a two-column forecast with ``{"learning": {"channels": [1]}}`` has ``n_out`` 1."""
+    from .engine.config import ConfigError
+    from .tasks import TaskError
+    channels = data.get("learning", {}).get("channels")
+    if not channels:
+        return task
+    try:
+        return task.forecasting(channels)
+    except TaskError as e:
+        raise ConfigError(str(e)) from None
+
+
 def task_config(task: Task, config: dict | str | Path | None = None, seed: int | None = None):
     """An ``EngineConfig`` for ``task``: the given config (a TOML path or its dict) or the
     default, with model.n_in / n_out and learning.mode filled from the task where not set.
-    Set but inconsistent values are refused with the reason."""
+    Set but inconsistent values are refused with the reason. (A config naming
+    ``learning.channels`` fits the task :func:`with_channels` makes.)"""
     from .engine.config import ConfigError, load_config
-    if config is None:
-        data = default_config(task)
-    elif isinstance(config, dict):
-        data = copy.deepcopy(config)
-    else:
-        try:
-            data = tomllib.loads(Path(config).read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"config file {config} not found") from None
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"{config}: invalid TOML: {e}") from None
+    data = config_data(task, config)
     model, learning = data.setdefault("model", {}), data.setdefault("learning", {})
     want = {("model", "n_in"): task.n_in, ("model", "n_out"): task.n_out, ("learning", "mode"): task.mode}
     for (section, key), value in want.items():
@@ -204,7 +230,9 @@ def evaluate(task: Task | str, config: dict | str | Path | None = None, *, steps
     from .engine.build import build_learner
     if isinstance(task, str):
         task = get_task(task, steps, seed)
-    cfg = task_config(task, config, seed)
+    data = config_data(task, config)
+    task = with_channels(task, data)
+    cfg = task_config(task, data, seed)
     learner = build_learner(cfg)
     r = prequential(learner_step_fn(learner, task.mode), task.inputs, task.targets, window=window,
                     name=task.name, mode=task.mode, progress=progress, score=task.score, spans=task.spans)
@@ -272,11 +300,15 @@ class Progress:
 def run_cli(args) -> int:
     """``streamtrace evaluate``: the table, then one JSON line (the last line of stdout)."""
     from .engine.config import ConfigError
+    from .files import split_names
     from .learner.dispatch import inline_dispatch
     from .tasks import TaskError
     inline_dispatch()       # each step is awaited at once: no hand-off to jax's worker thread
     try:
-        task = get_task(args.task, args.steps, args.seed)
+        task = get_task(args.task, args.steps, args.seed, columns=split_names(args.columns),
+                        target=split_names(args.target), time_column=args.time_column)
+        if task.note:
+            print(f"evaluate: {task.note}", file=sys.stderr, flush=True)
         r = evaluate(task, args.config, window=args.window, seed=args.seed,
                      label="" if args.config else "default", progress=Progress(task.name))
     except (TaskError, ConfigError, ValueError) as e:

@@ -2,7 +2,10 @@
 it falls)."""
 from __future__ import annotations
 
+import math
+
 from .demo import two_tone
+from .loss_fall import finite_mean, first_last, number_or_dash
 
 __all__ = ["run_cli"]
 
@@ -23,7 +26,11 @@ def run_cli(args) -> int:
     for i in range(args.steps):
         losses.append(learner.step(series[i:i + 1]).loss[0])
         if (i + 1) % every == 0:
-            print(f"  step {i + 1:6d}   one-step-ahead MSE {np.nanmean(losses[-every:]):.5f}", flush=True)
-    first, last = np.nanmean(losses[1:every + 1]), np.nanmean(losses[-every:])
+            print(f"  step {i + 1:6d}   one-step-ahead MSE {number_or_dash(finite_mean(losses[-every:]), '.5f')}",
+                  flush=True)
+    first, last = first_last(losses[1:], every)
+    if not (math.isfinite(first) and last > 0):
+        print("too few steps with a loss to say how it fell")
+        return 0
     print(f"loss fell {first / last:.1f}x ({first:.4f} -> {last:.5f})")
     return 0

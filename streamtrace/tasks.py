@@ -11,16 +11,15 @@ changes mid-stream, scored just after the change: ``Task.score``) and ``delay-re
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from .files import FileError, is_gap, load_npy, number, read_table
+from .files import FileError, choose_columns, numbers, read_table
 
 __all__ = ["Task", "mackey_glass", "mackey_glass_switch", "mackey_glass_fleet", "fleet_params", "multichannel",
-           "delay_recall", "narma10", "lorenz", "co2", "sunspots", "load_file", "forward_fill", "get_task",
+           "delay_recall", "narma10", "lorenz", "co2", "sunspots", "load_file", "file_task", "forward_fill", "get_task",
            "default_steps", "TASKS", "TaskError"]
 
 
@@ -38,6 +37,7 @@ class Task:
     score: tuple[int, int] | None = None
     # further named [start, stop) spans to report (evaluate's Result.spans), e.g. before a change
     spans: dict[str, tuple[int, int]] = field(default_factory=dict)
+    note: str = ""            # what the user should hear about how the task was read (one line)
 
     @property
     def steps(self) -> int:
@@ -61,6 +61,18 @@ class Task:
         if not np.all(np.isfinite(series)):
             raise TaskError(f"{name}: the series holds non-finite values")
         return Task(name, "forecast", series[:-1], series[1:])
+
+    def forecasting(self, channels) -> "Task":
+        """This forecast task predicting only the input ``channels`` (the others are inputs
+        alone, exogenous), as ``Forecast(channels=...)`` and ``learning.channels`` do.
+
+        Example: ``Task.forecast("ab", np.ones((5, 2))).forecasting([1]).n_out`` is 1."""
+        if self.mode != "forecast":
+            raise TaskError(f"learning.channels chooses what a forecast predicts; task {self.name!r} is {self.mode}")
+        ch = list(channels)
+        if not ch or any(not isinstance(c, int) or isinstance(c, bool) or not 0 <= c < self.n_in for c in ch):
+            raise TaskError(f"learning.channels = {ch!r}: task {self.name!r} has input channels 0..{self.n_in - 1}")
+        return Task(self.name, self.mode, self.inputs, self.targets[:, ch], self.score, self.spans, self.note)
 
 
 # ---- generated ----------------------------------------------------------------------------
@@ -349,21 +361,46 @@ def sunspots() -> np.ndarray:
 
 
 # ---- files --------------------------------------------------------------------------------
+def _columns(path, columns=None, target=None, time_column=None):
+    """The file's table and its columns chosen, errors as TaskError."""
+    try:
+        table = read_table(path)
+        chosen = choose_columns(table, columns, target, time_column)
+    except FileError as e:
+        raise TaskError(f"{path}: {e}" if str(path) not in str(e) else str(e)) from None
+    if len(table) < 3:
+        raise TaskError(f"{path}: no numeric columns with at least 3 rows")
+    return table, chosen
+
+
+def _values(table, names) -> np.ndarray:
+    return forward_fill(np.column_stack([numbers(table.columns[n]) for n in names]))
+
+
 def load_file(path: str | Path) -> np.ndarray:
     """A (time, channels) series from a .npy, .parquet or CSV file (read by
-    :func:`streamtrace.files.read_table`): every column whose cells are all numbers or gaps is a
-    channel (a text column, a timestamp or a label, is not); gaps are forward-filled."""
-    try:
-        if Path(path).suffix.lower() == ".npy":
-            return forward_fill(load_npy(path))
-        table = read_table(path)
-    except FileError as e:
-        raise TaskError(str(e)) from None
-    cols = [[number(c) for c in cells] for cells in table.columns.values()
-            if all(is_gap(c) or not math.isnan(number(c)) for c in cells)]
-    if not cols or len(table) < 3:
-        raise TaskError(f"{path}: no numeric columns with at least 3 rows")
-    return forward_fill(np.array(cols, np.float64).T)
+    :func:`streamtrace.files.read_table`): the columns :func:`streamtrace.files.choose_columns`
+    takes by default (mostly numbers; not a text column, a date-time, or a numeric column that
+    looks like time); gaps and cells that are not numbers are forward-filled."""
+    table, chosen = _columns(path)
+    return _values(table, chosen.inputs)
+
+
+def file_task(path: str | Path, steps: int | None = None, *, columns=None, target=None,
+              time_column: str | None = None) -> Task:
+    """A task from a recorded file: a forecast of the input columns, or with ``target`` (column
+    names or positions) a supervised task predicting those columns from the inputs. The columns
+    are chosen as ``streamtrace replay`` chooses them (:func:`streamtrace.files.choose_columns`);
+    ``Task.note`` says which time-like columns were left out. ``steps``: at most this many.
+
+    Example: ``file_task("walk.csv", columns=["a", "b"], target=["y"]).mode`` is "supervised"."""
+    table, chosen = _columns(path, columns, target, time_column)
+    name, x = Path(path).name, _values(table, chosen.inputs)
+    if chosen.targets:
+        n = len(x) if steps is None else steps
+        return Task(name, "supervised", x[:n], _values(table, chosen.targets)[:n], note=chosen.note)
+    task = Task.forecast(name, x if steps is None else x[:steps + 1])
+    return Task(task.name, task.mode, task.inputs, task.targets, note=chosen.note)
 
 
 # ---- by name ------------------------------------------------------------------------------
@@ -371,6 +408,11 @@ TASKS = ("mackey-glass", "narma10", "lorenz", "co2", "sunspots", "multichannel",
 LONG_TASKS = ("multichannel", "regime-switch", "delay-recall")   # continual learning: long streams by default
 SWITCH_AT = 3000                                                  # regime-switch: tau 17 -> 30 here
 SWITCH_SCORE, SWITCH_BEFORE = (3500, 4500), (2000, 3000)          # its scored span, and the one before
+
+
+def _is_file(name: str) -> bool:
+    return name not in TASKS and (Path(name).suffix.lower() in (".csv", ".npy", ".txt", ".parquet")
+                                  or Path(name).exists())
 
 
 def default_steps(name: str) -> int:
@@ -388,11 +430,19 @@ def _delay(name: str) -> int:
     return int(arg)
 
 
-def get_task(name: str, steps: int | None = None, seed: int = 0) -> Task:
-    """A task by name (see TASKS; ``delay-recall:D`` sets the delay) or a CSV/NPY path; ``steps``
-    scored steps where the task is generated (a measured series gives what it has, at most
-    ``steps``); None: :func:`default_steps`."""
+def get_task(name: str, steps: int | None = None, seed: int = 0, **file_columns) -> Task:
+    """A task by name (see TASKS; ``delay-recall:D`` sets the delay) or a CSV/NPY/Parquet path;
+    ``steps`` scored steps where the task is generated (a measured series gives what it has, at
+    most ``steps``); None: :func:`default_steps`. ``file_columns`` (columns, target,
+    time_column) choose a file's columns: :func:`file_task`.
+
+    Example: ``get_task("narma10", 100).mode`` is "supervised"."""
     steps = default_steps(name) if steps is None else steps
+    if _is_file(name):
+        return file_task(name, steps, **file_columns)
+    given = [k for k, v in file_columns.items() if v]
+    if given:
+        raise TaskError(f"{', '.join(given)} choose a file's columns; {name!r} is not a file")
     if name == "mackey-glass":
         return Task.forecast(name, mackey_glass(steps + 1, seed=seed))
     if name == "narma10":
@@ -416,6 +466,4 @@ def get_task(name: str, steps: int | None = None, seed: int = 0) -> Task:
     if name in ("co2", "sunspots"):
         x = co2() if name == "co2" else sunspots()
         return Task.forecast(name, x[:steps + 1])
-    if Path(name).suffix.lower() in (".csv", ".npy", ".txt") or Path(name).exists():
-        return Task.forecast(Path(name).name, load_file(name)[:steps + 1])
     raise TaskError(f"unknown task {name!r}: choose one of {TASKS} or give a .csv/.npy file")

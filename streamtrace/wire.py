@@ -9,7 +9,7 @@ Messages (all maps carry ``"v": 1`` and ``"type"``):
     label_ack   engine -> sensor   stream, seq, loss, applied (request/reply only)
     prediction  engine -> sensor   stream, seq, pred, loss (or nil), step, version, ts, t_engine;
                                    published on PUB also [signal]: the sample's y, else its x
-    error       engine -> sensor   code, message, [stream], [seq]
+    error       engine -> sensor   code, message, [stream], [seq], [expected]: the stream's next seq
     get_weights sensor -> engine   (request/reply only) -> a "weights" snapshot
     weights     engine -> PUB      version, kind ("snapshot" | "update"), base, params {name: array}
     stats       engine -> PUB      a map of numbers (see README)
@@ -199,7 +199,7 @@ class PredictionEncoder:
         self._key, self._array = None, None
 
     def __call__(self, stream: str, seq: int, pred: np.ndarray, loss: float | None, step: int, version: int,
-                 ts: float, signal: np.ndarray | None = None) -> bytes:
+                 ts: float, signal: np.ndarray | None = None, events: dict | None = None) -> bytes:
         if (pred.dtype, pred.shape) != self._key:
             self._key = (pred.dtype, pred.shape)
             self._array = {k: v for k, v in pack_array(pred).items() if k != "data"}
@@ -208,4 +208,6 @@ class PredictionEncoder:
                "pred": {**self._array, "data": data}, "loss": loss, "step": step, "version": version, "ts": ts}
         if signal is not None:       # published copies only (publish.signal): what a dashboard plots
             msg["signal"] = pack_array(signal)
+        if events:                   # only when something happened: "outlier", "rolled_back" (true)
+            msg.update(events)
         return self._packer.pack(msg)

@@ -108,9 +108,14 @@ def status(url: str, creds=None) -> dict:
 def wait_balanced(url: str, workers: int, timeout_s: float = 60.0, creds=None) -> dict:
     """Partition counts per owner once every partition is owned by one of ``workers`` live
     workers and the spread is even (max - min <= 1); fails after ``timeout_s``."""
+    from nats.js.errors import NotFoundError
     deadline, counts = time.monotonic() + timeout_s, {}
     while time.monotonic() < deadline:
-        st = status(url, creds)
+        try:
+            st = status(url, creds)
+        except NotFoundError:         # no worker has created the log yet
+            time.sleep(0.3)
+            continue
         owners = [p["owner"] for p in st["partitions"]]
         counts = {w: owners.count(w) for w in set(owners)}
         if "-" not in counts and len(counts) == workers and max(counts.values()) - min(counts.values()) <= 1:

@@ -327,8 +327,8 @@ def test_parking_keeps_a_bounded_number_of_streams_and_can_be_off():
 @pytest.mark.parametrize("shared", [False, True], ids=["per-slot", "shared"])
 def test_learner_slot_read_and_write_move_exactly_one_slot(shared):
     """write_slot(1, read_slot(0)) makes slot 1's per-slot leaves equal slot 0's (all leaves
-    with per-slot weights; hidden, traces, pending input, transform statistics, readout, loss
-    and rolling metrics with shared weights) and
+    with per-slot weights; hidden, traces, pending input, transform statistics, readout, screen
+    statistics, rollback counts, loss and rolling metrics with shared weights) and
     changes nothing else; checked on state_dict, not on the slot functions themselves."""
     from streamtrace.engine.build import build_learner
     cfg = load_config(None, {"model": {"stack": "gru", "n_in": N_IN, "n_hidden": 4, "n_out": N_IN}, "learning": {"mode": "forecast"}})
@@ -339,7 +339,8 @@ def test_learner_slot_read_and_write_move_exactly_one_slot(shared):
     before = L.state_dict()
     L.write_slot(1, L.read_slot(0))
     after = L.state_dict()
-    per_slot = [k for k in before if not shared or k.split(".")[0] in ("hidden", "traces", "pending", "signal", "readout")
+    per_slot = [k for k in before if not shared or k.split(".")[0] in ("hidden", "traces", "pending", "signal", "readout",
+                                                                        "screen", "rollback")
                 or k in ("stats.preq_sum", "stats.preq_n") or k.startswith("stats.roll.")]
     assert any(k.startswith("traces.") for k in per_slot) and any(k.startswith("hidden.") for k in per_slot)
     for k in before:

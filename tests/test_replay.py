@@ -130,7 +130,8 @@ def test_engine_refusals_are_counted_and_the_replay_goes_on(tmp_path, hand_engin
     """A value beyond float32 passes the file check but the engine refuses it (not_finite)."""
     path = tmp_path / "huge.csv"
     path.write_text("a,b\n" + "".join(f"{0.1 * i},{'1e300' if i == 5 else 0.2 * i}\n" for i in range(12)))
-    r = replay(path, hand_engine()["router"], stream="huge")
+    # a is an exact ramp (time-like): named, so that it is sent as data
+    r = replay(path, hand_engine()["router"], stream="huge", columns=["a", "b"])
     assert dict(r.refused) == {"not_finite": 1} and r.answered == 11 and r.sent == 12
     assert 5 not in r.rows_answered.tolist()
 
@@ -273,7 +274,6 @@ def test_file_units_convert_the_inputs_and_check_the_time_columns_rate(tmp_path)
 
 @pytest.mark.parametrize("extra,words", [
     (["--units", "mV,mV"], "--units converts the file into the [stream] units of an engine's config: give --serve"),
-    (["--rate", "2 s"], "--rate: '2 s' is a duration; a frequency is needed"),
     (["--serve", "{cfg}", "--time-column", "t"], "the file: samples at 100 Hz; the config's stream.rate is 250 Hz"),
 ])
 def test_the_cli_refuses_units_and_rates_that_do_not_fit_before_an_engine_starts(tmp_path, capsys, extra, words):
@@ -285,6 +285,9 @@ def test_the_cli_refuses_units_and_rates_that_do_not_fit_before_an_engine_starts
     assert rc == 2 and err.strip() == "replay: " + words + err.strip().partition(words)[2], err
 
 
-def test_a_rate_may_be_a_frequency():
-    from streamtrace.adapters.replay import _rate
-    assert (_rate("2 kHz"), _rate("40"), _rate(None)) == (2000.0, 40.0, None)
+def test_a_rate_may_be_a_frequency(capsys):
+    from streamtrace.arguments import frequency
+    assert (frequency("2 kHz"), frequency("40"), frequency("0.5 Hz")) == (2000.0, 40.0, 0.5)
+    assert main(["replay", "f.csv", "--rate", "2 s"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--rate" in err[0] and "'2 s' is a duration" in err[0], err

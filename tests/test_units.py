@@ -256,3 +256,30 @@ def test_the_docstring_examples_run():
     for module in (streamtrace.units, streamtrace.engine.quantities, streamtrace.adapters.stream_units):
         result = doctest.testmod(module)
         assert result.attempted > 0 and result.failed == 0, module.__name__
+
+
+# ---- screen.range in the channels' declared units ----------------------------------------------------
+def test_screen_range_quantities_are_converted_into_each_channels_unit():
+    cfg = load_config(overrides={"stream": {"rate": 250, "units": ["V", "mV"]},
+                                 "model": {"stack": "gru", "n_in": 2, "n_out": 2},
+                                 "screen": {"range": [["0 V", "3.3 V"], ["-500 uV", 2]], "rate": "4 s"}})
+    # by hand: 3.3 V in V; -500 uV = -0.5 mV, a bare 2 is mV already; rate: 1 / (4 s * 250 Hz)
+    assert cfg.screen.range == [[0.0, pytest.approx(3.3, rel=1e-12)], [pytest.approx(-0.5, rel=1e-12), 2.0]]
+    assert cfg.screen.rate == pytest.approx(1e-3, rel=1e-12)
+    one = load_config(overrides={"stream": {"units": ["mV", "V"]}, "model": {"stack": "gru", "n_in": 2, "n_out": 2},
+                                 "screen": {"range": ["-1 V", "1 V"]}})
+    assert one.screen.range == [[-1000.0, 1000.0], [-1.0, 1.0]]      # one pair, each channel in its unit
+    bare = load_config(overrides={"screen": {"range": [-5, 5]}})
+    assert bare.screen.range == [-5, 5]                                # bare numbers: as before
+
+
+@pytest.mark.parametrize("over,match", [
+    ({"screen": {"range": ["0 V", "3.3 V"]}}, "screen.range: channel 0: '0 V' has a unit, but the channel declares none"),
+    ({"stream": {"units": ["V"]}, "screen": {"range": ["0 s", "1 V"]}},
+     r"screen.range: channel 0: '0 s' is a duration; the channel's unit is 'V' \(a voltage\)"),
+    ({"stream": {"units": ["V"]}, "screen": {"range": ["2 V", "1 V"]}}, "screen.range: must be .lo, hi. with lo < hi"),
+])
+def test_screen_range_refusals_name_the_key_and_channel(over, match):
+    with pytest.raises(ConfigError, match=match) as e:
+        load_config(overrides=over)
+    assert e.value.key == "screen.range"

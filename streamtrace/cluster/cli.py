@@ -4,25 +4,22 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import signal
-import subprocess
 import sys
-import time
 
 __all__ = ["add_parsers", "credential_args", "credentials", "stray_credential"]
 
 
 def credential_args(p):
     """The NATS credential and TLS flags every command that talks to a cluster takes."""
-    g = p.add_argument_group("NATS credentials and TLS")
-    g.add_argument("--token", default=None)
-    g.add_argument("--user", default=None)
-    g.add_argument("--password", default=None)
+    g = p.add_argument_group("NATS credentials and TLS (with --nats)")
+    g.add_argument("--token", default=None, help="the NATS server's token")
+    g.add_argument("--user", default=None, help="NATS user name (with --password)")
+    g.add_argument("--password", default=None, help="NATS password (with --user)")
     g.add_argument("--creds", default=None, help="a .creds file (JWT + nkey)")
     g.add_argument("--nkey", default=None, help="a file holding an nkey seed")
-    g.add_argument("--tls-ca", default=None)
-    g.add_argument("--tls-cert", default=None)
-    g.add_argument("--tls-key", default=None)
+    g.add_argument("--tls-ca", default=None, help="CA certificate file that verifies the server")
+    g.add_argument("--tls-cert", default=None, help="client certificate file (with --tls-key)")
+    g.add_argument("--tls-key", default=None, help="client private key file (with --tls-cert)")
 
 
 CREDENTIAL_FLAGS = ("token", "user", "password", "creds", "nkey", "tls_ca", "tls_cert", "tls_key")
@@ -43,15 +40,21 @@ def stray_credential(args) -> str | None:
     return "--" + given[0].replace("_", "-") if given else None
 
 
+def verbose_logging(verbose: bool):
+    """Warnings from everything; with ``verbose`` also streamtrace's own INFO lines (not every
+    library's: jax, nats)."""
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("streamtrace").setLevel(logging.INFO if verbose else logging.WARNING)
+
+
 def cmd_worker(args) -> int:
     from ..engine import ConfigError, load_config
     from .worker import run_worker
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(name)s %(message)s")
+    verbose_logging(args.verbose)
     try:
         cfg = load_config(args.config)
         return run_worker(args.nats, cfg, creds=credentials(args), partitions=args.partitions,
-                          lease_ttl_s=args.lease_ttl,
+                          lease_ttl_s=args.lease_ttl, replicas=args.replicas,
                           ckpt_every=args.checkpoint_every, ckpt_interval_s=args.checkpoint_interval,
                           prometheus_port=args.prometheus_port)
     except ConfigError as e:
@@ -60,39 +63,15 @@ def cmd_worker(args) -> int:
     except ConnectionError as e:
         print(f"worker: {e}", file=sys.stderr)
         return 2
+    except ImportError as e:
+        print(f"worker needs the optional extra: pip install 'streamtrace[cluster]' ({e})", file=sys.stderr)
+        return 2
 
 
 def cmd_up(args) -> int:
-    from .server import NatsServer, ServerError
-    try:
-        srv = NatsServer(host=args.host, port=args.port, store_dir=args.store, token=args.token,
-                         allow_anonymous=args.allow_anonymous).start()
-    except ServerError as e:
-        print(f"cluster up: {e}", file=sys.stderr)
-        return 2
-    cmd = [sys.executable, "-m", "streamtrace", "worker", "--nats", srv.url, "--partitions", str(args.partitions)]
-    cmd += ["--config", args.config] if args.config else []
-    cmd += ["--token", args.token] if args.token else []
-    workers = [subprocess.Popen(cmd) for _ in range(args.workers)]
-    print(f"streamtrace cluster: nats-server at {srv.url} (store {srv.store_dir}), {args.workers} worker(s); "
-          "Ctrl-C stops all", flush=True)
-    stop = []
-    signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
-    try:
-        while not stop and all(w.poll() is None for w in workers):
-            time.sleep(0.5)
-    except KeyboardInterrupt:
-        pass
-    for w in workers:
-        if w.poll() is None:
-            w.terminate()
-    for w in workers:
-        try:
-            w.wait(30)
-        except subprocess.TimeoutExpired:
-            w.kill()
-    srv.stop()
-    return 0
+    from .up import run_up
+    verbose_logging(args.verbose)
+    return run_up(args)
 
 
 def cmd_status(args) -> int:
@@ -105,39 +84,77 @@ def cmd_status(args) -> int:
             return await gather(nc)
         finally:
             await nc.close()
-    st = asyncio.run(main())
+    try:
+        st = asyncio.run(main())
+    except ConnectionError as e:        # no NATS server there, or it refused the credentials
+        print(f"cluster status: {e}", file=sys.stderr)
+        return 2
+    except ImportError as e:
+        print(f"cluster status needs the optional extra: pip install 'streamtrace[cluster]' ({e})", file=sys.stderr)
+        return 2
+    except Exception as e:  # noqa: BLE001 - a server without the cluster's log, or JetStream away: one line
+        print(f"cluster status: no cluster at {args.nats} ({type(e).__name__}: {e or 'no answer'})", file=sys.stderr)
+        return 2
     print(json.dumps(st, indent=1) if args.json else format_status(st))
     return 0
 
 
-def add_parsers(sub):
-    p = sub.add_parser("worker", help="join a NATS JetStream cluster as a worker (streamtrace[cluster])")
-    p.add_argument("--nats", required=True, help="the NATS server URL, e.g. nats://127.0.0.1:4222")
-    p.add_argument("--config", default=None, help="engine TOML (model, learning, engine.slots)")
-    p.add_argument("--partitions", type=int, default=None, help="P, when this worker creates the log (default 16)")
-    p.add_argument("--lease-ttl", type=float, default=2.0,
+def worker_args(p, *, partitions_default=None):
+    """The worker settings ``worker`` takes and ``cluster up`` passes on to each of its workers."""
+    from ..arguments import existing_file, positive_float, positive_int
+    p.add_argument("--config", type=existing_file, default=None,
+                   help="engine TOML (model, learning, engine.slots; default: none, the documented defaults)")
+    p.add_argument("--partitions", type=positive_int, default=partitions_default,
+                   help="P, when this creates the log (default 16)")
+    p.add_argument("--lease-ttl", type=positive_float, default=2.0,
                    help="seconds a silent owner keeps its partitions (failover takes about this + 1-2 s)")
-    p.add_argument("--checkpoint-every", type=int, default=200, help="messages per partition between checkpoints")
-    p.add_argument("--checkpoint-interval", type=float, default=1.0, help="seconds at most between a "
+    p.add_argument("--checkpoint-every", type=positive_int, default=200,
+                   help="messages per partition between checkpoints")
+    p.add_argument("--checkpoint-interval", type=positive_float, default=1.0, help="seconds at most between a "
                    "partition's checkpoints while it has new steps (what a failover replays)")
-    p.add_argument("--prometheus-port", type=int, default=0, help="serve Prometheus metrics on 127.0.0.1 (0: off)")
-    p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("--replicas", type=positive_int, default=None, help="copies of the log, leases and "
+                   "checkpoints, when this creates them (default: 1; 3 over a 3-node NATS cluster)")
+    p.add_argument("-v", "--verbose", action="store_true", help="streamtrace's INFO logging (not other libraries')")
+
+
+def add_parsers(sub):
+    """The ``worker`` and ``cluster up | status`` commands' parsers (no NATS import here)."""
+    from ..arguments import nonnegative_int, port, positive_float, positive_int
+    text = "join a NATS JetStream cluster as a worker (streamtrace[cluster])"
+    p = sub.add_parser("worker", help=text, description=text)
+    p.add_argument("--nats", required=True, help="the NATS server URL, e.g. nats://127.0.0.1:4222, or the nodes "
+                   "of one NATS cluster, comma-separated")
+    worker_args(p)
+    p.add_argument("--prometheus-port", type=port, default=0, help="serve Prometheus metrics on 127.0.0.1 (0: off)")
     credential_args(p)
     p.set_defaults(func=cmd_worker)
-    p = sub.add_parser("cluster", help="a local NATS cluster: up, status")
-    cs = p.add_subparsers(dest="action", required=True)
-    up = cs.add_parser("up", help="start nats-server (JetStream) and N workers; Ctrl-C stops all")
-    up.add_argument("--workers", type=int, default=2)
-    up.add_argument("--config", default=None)
+    text = "a local NATS cluster: up, status"
+    p = sub.add_parser("cluster", help=text, description=text)
+    cs = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    text = "start nats-server(s) (JetStream) and N workers, restart any that die; Ctrl-C stops all"
+    up = cs.add_parser("up", help=text, description=text)
+    up.add_argument("--workers", type=positive_int, default=2, help="worker processes")
+    up.add_argument("--brokers", type=positive_int, default=1, help="nats-servers: 1, or 3 (a NATS cluster on "
+                    "this machine; the log, leases and checkpoints kept 3 times)")
+    up.add_argument("--sync", choices=("always", "default"), default="always",
+                    help="JetStream fsync: before acknowledging each write (always), or nats-server's own "
+                    "interval (default: every 2 minutes; faster, loses recent writes on an OS crash)")
     up.add_argument("--host", default="127.0.0.1", help="bind address (beyond loopback needs --token)")
-    up.add_argument("--port", type=int, default=4222)
+    up.add_argument("--port", type=port, default=4222, help="client port (of the first broker; the others the next)")
     up.add_argument("--store", default=None, help="JetStream store folder (default: a temp folder)")
-    up.add_argument("--partitions", type=int, default=16)
-    up.add_argument("--token", default=None)
+    up.add_argument("--token", default=None, help="a token clients must give (default: none, loopback only)")
     up.add_argument("--allow-anonymous", action="store_true", help="bind beyond loopback without credentials")
+    up.add_argument("--prometheus-port", type=port, default=0,
+                    help="worker i serves Prometheus metrics on this port + i (0: off)")
+    up.add_argument("--max-restarts", type=nonnegative_int, default=5,
+                    help="restarts of one process within --restart-window before cluster up gives up (exit 1)")
+    up.add_argument("--restart-window", type=positive_float, default=60.0,
+                    help="seconds over which --max-restarts counts")
+    worker_args(up, partitions_default=16)
     up.set_defaults(func=cmd_up)
-    st = cs.add_parser("status", help="partitions -> owner, epoch, lag, checkpoint age; workers")
-    st.add_argument("--nats", default="nats://127.0.0.1:4222")
-    st.add_argument("--json", action="store_true")
+    text = "partitions -> owner, epoch, lag, checkpoint age; live workers"
+    st = cs.add_parser("status", help=text, description=text)
+    st.add_argument("--nats", default="nats://127.0.0.1:4222", help="the NATS server URL(s)")
+    st.add_argument("--json", action="store_true", help="print the status as JSON")
     credential_args(st)
     st.set_defaults(func=cmd_status)

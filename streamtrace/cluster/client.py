@@ -7,25 +7,66 @@ A step is published to ``st.in.<stream>`` with the JetStream message id ``<strea
 checkpoint and answers some steps again, with the same (stream, seq) and a higher epoch: the
 client hands each (stream, seq) to the caller once and counts the repeats in ``duplicates``.
 The NATS connection runs on an asyncio loop in a background thread; the API is synchronous.
+
+The numbering per stream and the resync after a restart (of a worker, of the sensor, or both)
+are ``SensorClient``'s (adapters/numbering.py): the same ``step`` / ``send`` / ``recv`` and the
+same errors. Message ids carry a token of this client (``<stream>:<seq>:<token>``), so a sensor
+restarted at seq 0 is not mistaken by the server for a resend of its old self: its first step
+reaches a worker, is refused as ``repeat`` naming the expected number, and is resynced.
 """
 from __future__ import annotations
 
 import asyncio
+import os
 import queue
 import threading
 import time
 
 from .. import wire
+from ..adapters.numbering import NumberedClient, Sample, checked
+from ..adapters.replies import Prediction, decode_reply
 from . import log as L
 
 __all__ = ["ClusterClient"]
 
 
-class ClusterClient:
+class ClusterClient(NumberedClient):
+    """A sensor's connection to a streamtrace cluster (workers on NATS JetStream): the API of
+    :class:`~streamtrace.adapters.SensorClient`. ``step(x)`` sends one step and waits for its
+    :class:`~streamtrace.adapters.Prediction`; ``send`` / ``recv`` pipeline several; each stream
+    is numbered by the client and resynced after a worker or sensor restart without raising and
+    without losing the step (``resyncs``, one log line each); any other refusal raises
+    :class:`~streamtrace.adapters.EngineError` (``recv(raise_errors=False)`` returns it).
+    Each (stream, seq) reaches the caller once, however often a failover answers it
+    (``duplicates`` counts the rest).
+
+    Parameters
+    ----------
+    url : the NATS server, ``nats://host:4222``.
+    stream : the default stream id (a NATS subject token too: no ``.``, ``*``, ``>``, spaces).
+    start_seq : the default stream's first sequence number (a wrong guess is resynced).
+    timeout_s : how long one answer is waited for (then TimeoutError).
+    creds : NATS credentials (:class:`streamtrace.cluster.Credentials`), if the server needs them.
+    dedup_window : answers remembered per stream to drop a failover's repeats.
+    on_answer : called in the NATS thread with each answer not waited for by ``step``, instead
+        of queueing it for ``recv`` (bridges, which send with ``send_raw`` / ``post``; ``send`` and
+        ``recv`` need the queue).
+
+    Example (with ``nats-server -js`` and a ``streamtrace worker`` running a model of one input)::
+
+        import numpy as np
+        from streamtrace.cluster import ClusterClient
+        with ClusterClient("nats://127.0.0.1:4222", stream="imu-7") as sensor:
+            reply = sensor.step(np.array([0.5], np.float32))     # reply.pred, reply["loss"]
+            sensor.send([0.6], stream="imu-8")
+            other = sensor.recv()
+    """
+
     def __init__(self, url: str, *, stream: str = "sensor-0", start_seq: int = 0, timeout_s: float = 10.0,
                  creds: L.Credentials | None = None, dedup_window: int = 100_000, on_answer=None):
-        self.url, self.stream, self.timeout_s = url, L.check_stream_id(stream), timeout_s
-        self.seqs: dict[str, int] = {stream: start_seq}
+        self.url, self.timeout_s = url, timeout_s
+        self._numbered(L.check_stream_id(stream), start_seq)
+        self.token = os.urandom(4).hex()       # in message ids: a restarted client is not a resend
         self.answered: dict[str, set] = {}     # per stream: (code or "prediction", seq) handed to the caller
         self.dedup_window = dedup_window       # a replay never reaches further back than this many steps
         self.duplicates = 0
@@ -48,14 +89,23 @@ class ClusterClient:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout or self.timeout_s)
 
     # ---- sending ------------------------------------------------------------------------
-    def send(self, x, y=None, *, stream: str | None = None, seq: int | None = None, mode: str | None = None) -> int:
-        """Publish one step; returns its sequence number (kept per stream)."""
-        name = stream or self.stream
-        n = self.seqs.get(name, 0) if seq is None else seq
-        self.send_raw(wire.data_message(name, n, x, y, ts=time.time(), mode=mode), stream=name, msg_id=f"{name}:{n}")
-        if seq is None:
-            self.seqs[name] = n + 1
-        return n
+    @property
+    def seqs(self) -> dict:
+        """Each stream's next sequence number."""
+        return self.numbering.next
+
+    @property
+    def _wait_s(self) -> float:
+        return self.timeout_s
+
+    def _stream_id(self, name: str) -> str:
+        return L.check_stream_id(name)
+
+    def _transmit(self, stream: str, seq: int, raw: bytes):
+        self.send_raw(raw, stream=stream, msg_id=self._msg_id(stream, seq))
+
+    def _msg_id(self, stream: str, seq: int) -> str:
+        return f"{stream}:{seq}:{self.token}"
 
     def send_raw(self, raw: bytes, *, stream: str, msg_id: str | None = None):
         """Publish bytes as they are on ``stream``'s subject (bad messages included: the worker refuses them)."""
@@ -90,7 +140,7 @@ class ClusterClient:
         fut = self._loop.create_future()
         self._waiting[(name, seq)] = fut
         try:
-            await self._publish(name, raw, f"{name}:{seq}")
+            await self._publish(name, raw, self._msg_id(name, seq))
             return await asyncio.wait_for(fut, self.timeout_s)
         except asyncio.TimeoutError:
             return None
@@ -101,7 +151,7 @@ class ClusterClient:
         if self.trace is not None:
             self.trace.append((time.monotonic(), msg.subject, dict(msg.headers or {})))
         try:
-            answer = _decode(msg.data)
+            answer = decode_reply(msg.data)
         except wire.WireError:
             return
         stream = answer.get("stream")
@@ -126,29 +176,36 @@ class ClusterClient:
             self.inbox.put(answer)
 
     # ---- receiving ----------------------------------------------------------------------
-    def recv(self, timeout_s: float | None = None) -> dict:
-        """The next answer (a prediction or an error), each (stream, seq) once."""
+    def _receive(self, timeout_s: float) -> dict:
         try:
-            return self.inbox.get(timeout=self.timeout_s if timeout_s is None else timeout_s)
+            return self.inbox.get(timeout=timeout_s)
         except queue.Empty:
-            raise TimeoutError(f"no answer from the cluster at {self.url} within "
-                               f"{self.timeout_s if timeout_s is None else timeout_s} s") from None
+            raise TimeoutError(f"no answer from the cluster at {self.url} within {timeout_s:g} s") from None
 
-    def step(self, x, y=None, *, stream: str | None = None, mode: str | None = None) -> dict:
-        """Publish one step and wait for its answer; an error raises EngineError (the step's
-        sequence number is then not used up, as with SensorClient)."""
-        from ..adapters.client import EngineError
+    def step(self, x, y=None, *, stream: str | None = None, mode: str | None = None) -> Prediction:
+        """Publish one step and wait for its answer, as ``SensorClient.step``: a repeat/gap
+        refusal is resynced and the step sent again; any other error raises EngineError (its
+        sequence number is then not used up). With nothing else of the stream in flight the
+        answer is awaited in the NATS thread itself (one hand-over between threads each way)."""
         name = L.check_stream_id(stream or self.stream)
-        seq = self.seqs.get(name, 0)
-        raw = wire.data_message(name, seq, x, y, ts=time.time(), mode=mode)
-        self.seqs[name] = seq + 1
-        a = self._call(self._request(name, seq, raw), self.timeout_s + 5.0)
-        if a is None:
-            raise TimeoutError(f"no answer for stream {name!r} seq {seq} within {self.timeout_s} s")
-        if a["type"] == "error":
-            self.seqs[name] = a.get("expected", seq)
-            raise EngineError(a["code"], a["message"], a)
-        return a
+        if self.numbering.flying[name]:           # behind steps sent with send(): in their order
+            return super().step(x, y, stream=name, mode=mode)
+        seq = self.numbering.take(name)
+        sample = Sample(wire.data_message(name, seq, x, y, ts=time.time(), mode=mode))
+        self.numbering.sent(name, seq, sample)
+        while True:
+            a = self._call(self._request(name, seq, sample.raw), self.timeout_s + 5.0)
+            if a is None:
+                self.numbering.forget(name, sample)
+                raise TimeoutError(f"no answer for stream {name!r} seq {seq} within {self.timeout_s} s")
+            out = self.numbering.settle(a)
+            if out.deliver:
+                return checked(a, True)
+            if not out.resend:          # a refusal already resynced: this step's answer is still to come
+                return checked(self._await(sample, name), True)
+            (_, seq, _), = out.resend   # nothing else of the stream was in flight: only this step
+            sample.renumber(seq)
+            self.numbering.sent(name, seq, sample)
 
     # ---- end ----------------------------------------------------------------------------
     def close(self):
@@ -169,7 +226,3 @@ class ClusterClient:
     def __exit__(self, *exc):
         self.close()
 
-
-def _decode(raw: bytes) -> dict:
-    from ..adapters.client import decode_reply
-    return decode_reply(raw)

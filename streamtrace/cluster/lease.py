@@ -1,8 +1,9 @@
 """Partition ownership: leases in a KV bucket, compare-and-set on the KV revision.
 
-A lease is the key ``p.<k>`` holding {owner, epoch, ckpt, seq}: who owns partition k, how
-many owners it has had (the epoch, carried by every prediction), and the checkpoint that
-covers the log up to ``seq``. Every write of an owner is ``update(last=revision)``: the
+A lease is the key ``p.<k>`` holding {owner, epoch, ckpt, seq, sha, prev}: who owns partition
+k, how many owners it has had (the epoch, carried by every prediction), the checkpoint that
+covers the log up to ``seq`` with the SHA-256 of its bytes, and the checkpoint committed
+before it (``prev``: {ckpt, seq, sha}), what a damaged checkpoint falls back to. Every write of an owner is ``update(last=revision)``: the
 server refuses it once anyone else wrote the key, so the KV revision is the fencing token and a
 checkpoint commit by a worker that lost its lease while paused is refused, not applied.
 
@@ -40,6 +41,8 @@ class Lease:
     ckpt: str | None         # object name of the checkpoint covering the log up to seq
     seq: int                 # last log sequence the checkpoint covers (0: none)
     ckpt_t: float = 0.0      # wall time of that checkpoint's commit (for `cluster status`)
+    sha: str | None = None   # SHA-256 (hex) of the checkpoint's bytes
+    prev: dict | None = None     # the checkpoint committed before: {ckpt, seq, sha}
     # one write at a time: a renewal while a checkpoint commits in the background would name the
     # same revision, and the server would refuse the second as if the lease had been taken over
     lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False, compare=False)
@@ -84,23 +87,31 @@ class LeaseTable:
             return None
         val = val or {"owner": "", "epoch": 0, "ckpt": None, "seq": 0}
         new = {"owner": self.worker, "epoch": val["epoch"] + 1, "ckpt": val["ckpt"], "seq": val["seq"],
-               "ckpt_t": val.get("ckpt_t", 0.0), "prev": val["owner"], "t": time.time()}
+               "ckpt_t": val.get("ckpt_t", 0.0), "sha": val.get("sha"),
+               "prev": val["prev"] if isinstance(val.get("prev"), dict) else None,
+               "prev_owner": val["owner"], "t": time.time()}
         sent = self.clock()
         try:
             revision = await self.kv.update(lease_key(k), json.dumps(new).encode(), last=rev)
         except KeyWrongLastSequenceError:
             return None
-        return Lease(k, new["epoch"], revision, sent + SAFETY * self.ttl, new["ckpt"], new["seq"], new["ckpt_t"])
+        return Lease(k, new["epoch"], revision, sent + SAFETY * self.ttl, new["ckpt"], new["seq"], new["ckpt_t"],
+                     new["sha"], new["prev"])
 
-    async def _write(self, lease: Lease, owner: str, ckpt: str | None, seq: int | None):
+    async def _write(self, lease: Lease, owner: str, ckpt: str | None, seq: int | None, sha: str | None = None):
         """ckpt / seq None: keep the lease's own, read under the lock (a commit may be changing them)."""
         async with lease.lock:
-            await self._write_now(lease, owner, lease.ckpt if ckpt is None else ckpt, lease.seq if seq is None else seq)
+            if ckpt is None:
+                ckpt, sha = lease.ckpt, lease.sha
+            await self._write_now(lease, owner, ckpt, lease.seq if seq is None else seq, sha)
 
-    async def _write_now(self, lease: Lease, owner: str, ckpt: str | None, seq: int):
+    async def _write_now(self, lease: Lease, owner: str, ckpt: str | None, seq: int, sha: str | None):
         from nats.js.errors import KeyWrongLastSequenceError
-        ckpt_t = time.time() if ckpt != lease.ckpt else lease.ckpt_t
-        val = {"owner": owner, "epoch": lease.epoch, "ckpt": ckpt, "seq": seq, "t": time.time(), "ckpt_t": ckpt_t}
+        new_ckpt = ckpt != lease.ckpt
+        ckpt_t = time.time() if new_ckpt else lease.ckpt_t
+        prev = {"ckpt": lease.ckpt, "seq": lease.seq, "sha": lease.sha} if new_ckpt and lease.ckpt else lease.prev
+        val = {"owner": owner, "epoch": lease.epoch, "ckpt": ckpt, "seq": seq, "t": time.time(), "ckpt_t": ckpt_t,
+               "sha": sha, "prev": prev}
         for _ in range(3):
             sent = self.clock()
             try:
@@ -126,11 +137,12 @@ class LeaseTable:
             lease.valid_until = 0.0
             raise LeaseLost(f"partition {lease.partition}: lease (epoch {lease.epoch}) kept moving under its owner")
         lease.valid_until = sent + SAFETY * self.ttl
-        lease.ckpt, lease.seq, lease.ckpt_t = ckpt, seq, ckpt_t
+        lease.ckpt, lease.seq, lease.ckpt_t, lease.sha, lease.prev = ckpt, seq, ckpt_t, sha, prev
 
-    async def renew(self, lease: Lease, ckpt: str | None = None, seq: int | None = None):
-        """Extend the lease; with ckpt/seq also commit a checkpoint. Raises LeaseLost."""
-        await self._write(lease, self.worker, ckpt, seq)
+    async def renew(self, lease: Lease, ckpt: str | None = None, seq: int | None = None, sha: str | None = None):
+        """Extend the lease; with ckpt/seq/sha also commit a checkpoint (the one it replaces
+        becomes ``prev``). Raises LeaseLost."""
+        await self._write(lease, self.worker, ckpt, seq, sha)
 
     async def release(self, lease: Lease, ckpt: str | None = None, seq: int | None = None):
         """Hand the partition back (owner ""), with the final checkpoint. Raises LeaseLost."""

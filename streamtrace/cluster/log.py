@@ -15,7 +15,8 @@ import ssl
 from dataclasses import dataclass
 
 __all__ = ["LOG_STREAM", "LEASES", "WORKERS", "CHECKPOINTS", "META", "in_subject", "out_subject", "err_subject",
-           "partition_filter", "check_stream_id", "ensure_log", "read_partitions", "Credentials", "connect", "redact"]
+           "partition_filter", "check_stream_id", "ensure_log", "read_partitions", "Credentials", "connect", "redact",
+           "server_urls"]
 
 LOG_STREAM = "ST_IN"
 LEASES = "st_lease"
@@ -51,13 +52,46 @@ def partition_filter(k: int) -> str:
     return f"st.p.{k}.*"
 
 
-async def ensure_log(js, partitions: int | None = None, *, max_age_s: float = 86400.0) -> int:
-    """Create the log, the buckets and the object store if missing (idempotent; workers and
-    ``cluster up`` race safely). Returns P: the one stored at creation wins; asking for
-    another P later is an error, because moving streams between partitions would break their order."""
-    from nats.js.api import RetentionPolicy, StorageType, StreamConfig, SubjectTransform
+WORKERS_TTL_S = 30.0     # a heartbeat key not written for this long is removed by the server
+
+
+async def ensure_log(js, partitions: int | None = None, *, max_age_s: float = 86400.0, replicas: int = 1,
+                     ready_s: float = 30.0) -> int:
+    """Open the log, the buckets and the object store, creating what is missing (idempotent;
+    workers and ``cluster up`` race safely) with ``replicas`` copies each (1, or 3 over a
+    3-node NATS cluster; what exists keeps the replicas it was created with). Returns P: the one
+    stored at creation wins; asking for another P later is an error, because moving streams
+    between partitions would break their order. A JetStream that is not ready yet (a cluster
+    electing its first leaders) is waited for, ``ready_s`` at most."""
+    import asyncio
+    import time
+
+    from nats.errors import TimeoutError as NatsTimeout
+    from nats.js.errors import ServiceUnavailableError
+    deadline = time.monotonic() + ready_s
+    while True:
+        try:
+            return await _ensure(js, partitions, max_age_s, replicas)
+        except (ServiceUnavailableError, NatsTimeout, asyncio.TimeoutError):
+            if time.monotonic() >= deadline:
+                raise
+            await asyncio.sleep(0.5)
+
+
+async def _open_or_create(open_, create):
+    from nats.js.errors import NotFoundError
+    try:
+        return await open_()
+    except NotFoundError:
+        return await create()
+
+
+async def _ensure(js, partitions, max_age_s, replicas) -> int:
+    from nats.js.api import (KeyValueConfig, ObjectStoreConfig, RetentionPolicy, StorageType, StreamConfig,
+                             SubjectTransform)
     from nats.js.errors import KeyWrongLastSequenceError
-    meta = await js.create_key_value(bucket=META, history=1)
+    meta = await _open_or_create(lambda: js.key_value(META), lambda: js.create_key_value(
+        KeyValueConfig(bucket=META, history=1, replicas=replicas)))
     want = partitions or DEFAULT_PARTITIONS
     try:
         await meta.create("config", json.dumps({"partitions": want}).encode())
@@ -68,12 +102,15 @@ async def ensure_log(js, partitions: int | None = None, *, max_age_s: float = 86
         raise ValueError(f"the cluster's log was created with {p} partitions; {partitions} asked (P is fixed "
                          "at creation: use the same value, or a new store)")
     transform = SubjectTransform(src="st.in.*", dest="st.p.{{partition(%d,1)}}.{{wildcard(1)}}" % p)
-    await js.add_stream(StreamConfig(name=LOG_STREAM, subjects=["st.in.*"], subject_transform=transform,
-                                     retention=RetentionPolicy.LIMITS, storage=StorageType.FILE,
-                                     max_age=max_age_s, duplicate_window=120.0))
-    await js.create_key_value(bucket=LEASES, history=1)
-    await js.create_key_value(bucket=WORKERS, history=1)
-    await js.create_object_store(bucket=CHECKPOINTS)
+    await _open_or_create(lambda: js.stream_info(LOG_STREAM), lambda: js.add_stream(StreamConfig(
+        name=LOG_STREAM, subjects=["st.in.*"], subject_transform=transform, retention=RetentionPolicy.LIMITS,
+        storage=StorageType.FILE, max_age=max_age_s, duplicate_window=120.0, num_replicas=replicas)))
+    await _open_or_create(lambda: js.key_value(LEASES), lambda: js.create_key_value(
+        KeyValueConfig(bucket=LEASES, history=1, replicas=replicas)))
+    await _open_or_create(lambda: js.key_value(WORKERS), lambda: js.create_key_value(
+        KeyValueConfig(bucket=WORKERS, history=1, replicas=replicas, ttl=WORKERS_TTL_S)))
+    await _open_or_create(lambda: js.object_store(CHECKPOINTS), lambda: js.create_object_store(
+        CHECKPOINTS, ObjectStoreConfig(bucket=CHECKPOINTS, replicas=replicas)))
     return p
 
 
@@ -105,9 +142,25 @@ class Credentials:
         return kw
 
 
+def server_urls(url: str) -> list[str]:
+    """``nats://a:4222,nats://b:4222`` -> the list of URLs (one URL: a list of one).
+
+    Example::
+
+        >>> server_urls("nats://a:4222, nats://b:4222")
+        ['nats://a:4222', 'nats://b:4222']
+    """
+    urls = [u.strip() for u in url.split(",") if u.strip()]
+    if not urls:
+        raise ValueError(f"no NATS server URL in {url!r}")
+    return urls
+
+
 async def connect(url: str, creds: Credentials | None = None, *, name: str = "streamtrace", **kw):
-    """A NATS connection that keeps reconnecting (a broker restart is waited out) and fails
-    at once on a first connection that is refused (wrong credentials, nothing listening)."""
+    """A NATS connection that keeps reconnecting (a broker restart is waited out, another node
+    of a cluster taken meanwhile) and fails at once on a first connection that is refused (wrong
+    credentials, nothing listening). ``url``: one server, or several comma-separated (the
+    nodes of one NATS cluster, tried in turn)."""
     import nats
     seen = []
 
@@ -116,7 +169,7 @@ async def connect(url: str, creds: Credentials | None = None, *, name: str = "st
             seen.append(e)
     kw.setdefault("error_cb", first_errors)
     try:
-        nc = await nats.connect(url, name=name, allow_reconnect=True, max_reconnect_attempts=1,
+        nc = await nats.connect(server_urls(url), name=name, allow_reconnect=True, max_reconnect_attempts=1,
                                 reconnect_time_wait=0.2, connect_timeout=2, **(creds or Credentials()).options(), **kw)
     except Exception as e:  # noqa: BLE001 - nats-py raises several kinds; one clear message
         why = "; ".join(dict.fromkeys(f"{type(x).__name__}: {x}" for x in seen)) or f"{type(e).__name__}: {e}"
@@ -128,7 +181,10 @@ async def connect(url: str, creds: Credentials | None = None, *, name: str = "st
 
 
 def redact(url: str) -> str:
-    """``url`` without a token or password in it (for logs and summaries)."""
+    """``url`` (or each of comma-separated URLs) without a token or password in it (for logs
+    and summaries)."""
+    if "," in url:
+        return ",".join(redact(u.strip()) for u in url.split(","))
     scheme, sep, rest = url.partition("://")
     if sep and "@" in rest:
         return f"{scheme}://***@{rest.split('@', 1)[1]}"

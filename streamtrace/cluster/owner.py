@@ -13,6 +13,7 @@ the partition's in-memory state and reloads the committed checkpoint: never a gu
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 
@@ -32,6 +33,37 @@ class _Unsure(Exception):
     """Stop and reload from the committed checkpoint."""
 
 
+async def _restore_verified(w, lease: Lease) -> tuple[int, list[str]]:
+    """Load the lease's checkpoint into ``w.stepper`` if its bytes hash to the committed SHA-256
+    (and parse); else the previous checkpoint (a longer replay); else none (the log from its
+    start). Returns (log seq the state covers, stream names). Each damaged one is counted
+    (``checkpoints_damaged``) and logged."""
+    from ..learner.checkpoint import CheckpointError
+    choices = [(lease.ckpt, lease.seq, lease.sha)]
+    if lease.prev:
+        choices.append((lease.prev.get("ckpt"), lease.prev.get("seq", 0), lease.prev.get("sha")))
+    for name, seq, sha in choices:
+        if not name:
+            break
+        try:
+            raw = (await w.objects.get(name)).data
+            if sha and hashlib.sha256(raw).hexdigest() != sha:
+                raise CheckpointError(f"checkpoint {name}: its bytes do not match the SHA-256 committed with it")
+            return w.stepper.restore(raw, f"checkpoint {name}")
+        except (CheckpointError, *_object_errors()) as e:
+            w.count("checkpoints_damaged")
+            log.error("partition %d: %s (%s); falling back to the checkpoint before it", lease.partition,
+                      e, type(e).__name__)
+    if lease.ckpt:
+        log.error("partition %d: no intact checkpoint: replaying the log from its start", lease.partition)
+    return 0, []
+
+
+def _object_errors() -> tuple:
+    from nats.js.errors import DigestMismatchError, NotFoundError
+    return DigestMismatchError, NotFoundError
+
+
 class PartitionOwner:
     def __init__(self, worker, lease: Lease):
         self.w, self.lease, self.k = worker, lease, lease.partition
@@ -43,17 +75,16 @@ class PartitionOwner:
         self.psub, self.consumer = None, None
         self.stopping, self.lost = False, False
         self.commit: asyncio.Task | None = None     # the checkpoint being stored and committed
+        self.hole_at = None       # (stream, log seq) of a hole already replayed once: the log lacks it
 
     # ---- taking over -------------------------------------------------------------------
     async def load(self):
         """State from the committed checkpoint, then a consumer from the sequence after it."""
         w, lease = self.w, self.lease
         w.stepper.drop(self.names)
-        self.names, self.applied, self.last_msg, self.since_ckpt = set(), lease.seq, None, 0
-        if lease.ckpt:
-            raw = (await w.objects.get(lease.ckpt)).data
-            self.applied, names = w.stepper.restore(raw, f"checkpoint {lease.ckpt}")
-            self.names = set(names)
+        self.names, self.last_msg, self.since_ckpt = set(), None, 0
+        self.applied, names = await _restore_verified(w, lease)
+        self.names = set(names)
         self.answered = self.applied
         w.count("restores")
         await self._subscribe()
@@ -67,7 +98,7 @@ class PartitionOwner:
         except Exception:  # noqa: BLE001 - absent: the usual case
             pass
         await js.add_consumer(L.LOG_STREAM, ConsumerConfig(
-            name=name, filter_subject=L.partition_filter(self.k), deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+            name=name, durable_name=name, filter_subject=L.partition_filter(self.k), deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
             opt_start_seq=self.applied + 1, ack_policy=AckPolicy.ALL, ack_wait=60.0, max_ack_pending=-1,
             inactive_threshold=30.0))
         self.consumer = name
@@ -141,7 +172,18 @@ class PartitionOwner:
         if not self.lease.valid(time.monotonic()):
             raise _Unsure("lease validity ran out before stepping")
         stream = msg.subject.split(".", 3)[3]
-        kind, body = self.w.stepper.step(msg.data, stream)
+        kind, body = self.w.stepper.step(msg.data, stream, stop_at_hole=self.hole_at != (stream, seq))
+        if kind == "hole":
+            # a stream's step is missing before this one: delivered out of order (a consumer's
+            # leader changed), or lost from the log. Replay from the committed checkpoint once;
+            # if the log still lacks it, the engine refuses this step as a gap (below).
+            self.hole_at = (stream, seq)
+            self.w.count("hole_replays")
+            raise _Unsure(f"stream {stream!r}: a step is missing before log seq {seq}; replaying the log")
+        if self.hole_at == (stream, seq):
+            self.w.count("log_holes")
+            log.error("partition %d: stream %r: the log lacks a step before log seq %d (a hole, refused to its "
+                      "client as a gap, not learned around)", self.k, stream, seq)
         if stream in self.w.stepper.streams():
             self.names.add(stream)
         self.applied, self.last_msg = seq, msg
@@ -187,13 +229,14 @@ class PartitionOwner:
     async def _commit(self, name: str, raw: bytes, seq: int, last_msg):
         w, lease = self.w, self.lease
         await w.objects.put(name, raw)
-        old = lease.ckpt
-        await w.leases.renew(lease, ckpt=name, seq=seq)
+        superseded = (lease.prev or {}).get("ckpt")        # the current one becomes prev: kept
+        await w.leases.renew(lease, ckpt=name, seq=seq, sha=hashlib.sha256(raw).hexdigest())
         w.count("checkpoints")
         if last_msg is not None:
             await last_msg.ack()
-        if old and old != name:      # three more round trips: off the path of the next message
-            task = asyncio.create_task(self._delete(old))
+        if superseded and superseded not in (name, lease.ckpt, (lease.prev or {}).get("ckpt")):
+            # three more round trips: off the path of the next message
+            task = asyncio.create_task(self._delete(superseded))
             _background.add(task)
             task.add_done_callback(_background.discard)
 

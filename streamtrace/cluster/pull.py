@@ -49,6 +49,9 @@ class Puller:
             return
         if status in ("408", "404"):        # a request ran out: ask again
             self.requested = 0
+        elif status == "503":                # no responders: the consumer is gone (its broker died)
+            self.error = PullError("pull refused: 503 no responders (the consumer is gone)")
+            self._put(None)
         elif status == "409":
             desc = msg.headers.get("Description", "")
             if "Exceeded" in desc or "Timeout" in desc or "Batch Completed" in desc:

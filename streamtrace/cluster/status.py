@@ -1,4 +1,9 @@
-"""``streamtrace cluster status``: partitions -> owner, epoch, lag, checkpoint age; workers."""
+"""``streamtrace cluster status``: partitions -> owner, epoch, lag, checkpoint age; the live workers.
+
+A worker is listed while its heartbeat is younger than its lease ttl (+ 1 s for clocks that
+differ between machines): a killed worker drops out within that, and the server removes its key
+after ``log.WORKERS_TTL_S``. An owner whose heartbeat is not live is marked ``(silent)``.
+"""
 from __future__ import annotations
 
 import json
@@ -7,7 +12,7 @@ import time
 from . import log as L
 from .lease import lease_key
 
-__all__ = ["gather", "format_status"]
+__all__ = ["gather", "format_status", "is_live"]
 
 
 async def gather(nc) -> dict:
@@ -35,26 +40,49 @@ async def gather(nc) -> dict:
         names = await workers.keys()
     except NoKeysError:
         names = []
-    ws = {}
+    ws, silent = {}, []
     for name in names:
         try:
-            ws[name] = json.loads((await workers.get(name)).value)
+            w = json.loads((await workers.get(name)).value)
         except KeyNotFoundError:
-            pass
-    return {"partitions": parts, "workers": ws}
+            continue
+        w["age_s"] = round(max(now - w.get("t", 0.0), 0.0), 1)
+        if is_live(w, now):
+            ws[name] = w
+        else:
+            silent.append(name)
+    for p in parts:
+        p["live"] = p["owner"] in ws
+    return {"partitions": parts, "workers": ws, "silent_workers": sorted(silent)}
+
+
+def is_live(heartbeat: dict, now: float) -> bool:
+    """Whether a heartbeat (its wall time ``t``, the worker's lease ``ttl``) is recent enough.
+
+    Example::
+
+        >>> is_live({"t": 100.0, "ttl": 2.0}, now=102.5), is_live({"t": 100.0, "ttl": 2.0}, now=103.5)
+        (True, False)
+    """
+    return now - heartbeat.get("t", 0.0) <= heartbeat.get("ttl", 2.0) + 1.0
 
 
 def format_status(st: dict) -> str:
     lines = [f"{'part':>4} {'owner':<32} {'epoch':>5} {'ckpt seq':>9} {'ckpt age':>9} {'lag':>6}"]
     for p in st["partitions"]:
         age = "-" if p["checkpoint_age_s"] is None else f"{p['checkpoint_age_s']:.1f}s"
-        lines.append(f"{p['partition']:>4} {p['owner']:<32} {p['epoch']:>5} {p['checkpoint_seq']:>9} {age:>9} "
+        owner = p["owner"] if p.get("live", True) or p["owner"] == "-" else p["owner"] + " (silent)"
+        lines.append(f"{p['partition']:>4} {owner:<32} {p['epoch']:>5} {p['checkpoint_seq']:>9} {age:>9} "
                      f"{'-' if p['lag'] is None else p['lag']:>6}")
     lines.append("")
     lines.append(f"{len(st['workers'])} worker(s):")
     for name, w in sorted(st["workers"].items()):
         c = w.get("counters", {})
-        lines.append(f"  {name}: owns {w.get('owned')}, published {c.get('published', 0)}, refused "
+        lines.append(f"  {name}: heartbeat {w['age_s']:.1f}s ago, {w.get('streams', '?')} streams, owns "
+                     f"{w.get('owned')}, log holes {c.get('log_holes', 0)}, damaged checkpoints "
+                     f"{c.get('checkpoints_damaged', 0)}, published {c.get('published', 0)}, refused "
                      f"{c.get('refused', 0)}, checkpoints {c.get('checkpoints', 0)}, restores {c.get('restores', 0)}, "
                      f"leases lost {c.get('leases_lost', 0)}, publishes withheld {c.get('publishes_withheld', 0)}")
+    if st.get("silent_workers"):
+        lines.append(f"silent (not listed: no heartbeat within their lease ttl): {', '.join(st['silent_workers'])}")
     return "\n".join(lines)

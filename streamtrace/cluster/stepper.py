@@ -33,6 +33,7 @@ def worker_config(cfg: EngineConfig) -> EngineConfig:
         raise ConfigError("learning.label_delay", "the cluster takes data messages only: delayed labels need "
                           "one engine (streamtrace serve); set it to 0 for a worker")
     cfg = copy.deepcopy(cfg)
+    cfg.engine.on_gap = "reject"     # a hole in the log is reported, never learned around
     cfg.engine.idle_timeout_s, cfg.engine.park_s = math.inf, 0.0
     cfg.checkpoint.dir, cfg.publish.weights_every, cfg.publish.predictions = "", 0, True
     return cfg
@@ -63,9 +64,11 @@ class Stepper:
         L.write_slot(0, L.read_slot(0))
 
     # ---- one message --------------------------------------------------------------------
-    def step(self, raw: bytes, stream: str) -> tuple[str, bytes]:
+    def step(self, raw: bytes, stream: str, *, stop_at_hole: bool = False) -> tuple[str, bytes]:
         """("pred", reply) or ("error", error message). A message whose 'stream' is not the
-        one its subject names is refused: its state would land in another partition."""
+        one its subject names is refused: its state would land in another partition. With
+        ``stop_at_hole``, a data message that skips ahead of the sequence number its stream
+        expects is not stepped: ("hole", b"") (without, the engine refuses it as a "gap")."""
         try:
             msg = wire.decode(raw, self.core.cfg.engine.max_message_bytes)
             if msg["type"] != "data":
@@ -74,6 +77,11 @@ class Stepper:
             if msg.get("stream") != stream:
                 return "error", self._refusal("bad_stream", f"message for stream {msg.get('stream')!r} was "
                                               f"published on the subject of stream {stream!r}", msg)
+            known = self.core.streams.get(stream)
+            seq = msg.get("seq")
+            if stop_at_hole and known is not None and known.next_seq is not None and isinstance(seq, int) \
+                    and seq > known.next_seq:
+                return "hole", b""
         except wire.WireError:
             pass      # ingest refuses it with the same error as the engine
         out = self.core.ingest(raw) or self.core.tick()
@@ -99,7 +107,7 @@ class Stepper:
             st = core.streams.pop(name, None)
             if st is not None:
                 core.free.append(st.slot)
-                core.metrics.stream_loss.pop(name, None)
+                core.metrics.forget(name)
 
     def snapshot(self, names, seq: int, extra: dict) -> bytes:
         """A checkpoint of streams ``names``: each one's slot state and next sequence number,

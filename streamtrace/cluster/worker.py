@@ -29,7 +29,8 @@ __all__ = ["Worker", "COUNTERS"]
 
 log = logging.getLogger("streamtrace.cluster")
 COUNTERS = ("published", "refused", "checkpoints", "restores", "reloads", "released", "leases_lost",
-            "leases_taken", "publishes_withheld", "redelivered_skipped")
+            "leases_taken", "publishes_withheld", "redelivered_skipped", "hole_replays", "log_holes",
+            "checkpoints_damaged")
 
 
 def worker_id() -> str:
@@ -41,8 +42,8 @@ class Worker:
     def __init__(self, url: str, cfg, *, creds: L.Credentials | None = None, lease_ttl_s: float = 2.0,
                  heartbeat_s: float = 0.5, ckpt_every: int = 200, ckpt_interval_s: float = 1.0,
                  poll_s: float = 0.25, partitions: int | None = None, wid: str | None = None,
-                 prometheus_port: int = 0, leave_timeout_s: float = 10.0):
-        self.url, self.creds, self.partitions = url, creds, partitions
+                 prometheus_port: int = 0, leave_timeout_s: float = 10.0, replicas: int = 1):
+        self.url, self.creds, self.partitions, self.replicas = url, creds, partitions, replicas
         self.cfg, self.stepper = cfg, None
         self.id = wid or worker_id()
         self.lease_ttl, self.heartbeat_s, self.poll_s = lease_ttl_s, heartbeat_s, poll_s
@@ -77,7 +78,7 @@ class Worker:
                                   reconnected_cb=self._reconnected)
         self._build()             # after connecting: wrong credentials fail fast, before compiling
         self.js = self.nc.jetstream(timeout=5.0)
-        self.P = await L.ensure_log(self.js, self.partitions)
+        self.P = await L.ensure_log(self.js, self.partitions, replicas=self.replicas)
         self.leases = LeaseTable(await self.js.key_value(L.LEASES), self.id, self.lease_ttl)
         self.workers_kv = await self.js.key_value(L.WORKERS)
         self.objects = await self.js.object_store(L.CHECKPOINTS)
@@ -137,7 +138,8 @@ class Worker:
     # ---- membership and assignment ------------------------------------------------------
     async def _heartbeat(self):
         body = {"owned": sorted(self.owners), "counters": {k: self.metrics.counters[k] for k in COUNTERS},
-                "pid": os.getpid(), "host": socket.gethostname(), "t": time.time()}
+                "streams": len(self.stepper.streams()), "pid": os.getpid(), "host": socket.gethostname(),
+                "t": time.time(), "ttl": self.lease_ttl}
         await self.workers_kv.put(self.id, json.dumps(body).encode())
 
     async def live_workers(self) -> set[str]:

@@ -12,16 +12,20 @@ __all__ = ["add_parser", "listen_address", "start_dashboard", "demo_dashboard", 
 
 def add_parser(sub, run):
     """The ``dashboard`` command."""
-    p = sub.add_parser("dashboard", help="a live read-only web page of an engine (needs streamtrace[dashboard])")
+    from ..arguments import existing_file, positive_float, positive_int
+    text = "a live read-only web page of an engine (needs streamtrace[dashboard])"
+    p = sub.add_parser("dashboard", help=text, description=text)
     p.add_argument("--pub", default=None, help="the engine's PUB endpoint (default: sockets.pub of --config)")
-    p.add_argument("--config", default=None, help="the engine's TOML config, for its PUB endpoint")
+    p.add_argument("--config", type=existing_file, default=None,
+                   help="the engine's TOML config, for its PUB endpoint (default: none)")
     p.add_argument("--listen", type=listen_address, default=("127.0.0.1", 8750), metavar="HOST:PORT",
                    help="where the page is served (default 127.0.0.1:8750; port 0: any free port)")
     p.add_argument("--token", default=None, help="required beyond loopback (or STREAMTRACE_DASHBOARD_TOKEN)")
     p.add_argument("--allow-anonymous", action="store_true",
                    help="beyond loopback without a token: anyone who reaches it reads every stream")
-    p.add_argument("--rate", type=float, default=10.0, help="page updates per second")
-    p.add_argument("--points", type=int, default=2000, help="points kept per stream (the page gets them thinned)")
+    p.add_argument("--rate", type=positive_float, default=10.0, help="page updates per second")
+    p.add_argument("--points", type=positive_int, default=2000,
+                   help="points kept per stream (the page gets them thinned)")
     p.set_defaults(func=run)
 
 
@@ -73,8 +77,12 @@ def run_cli(args) -> int:
     from .access import DashboardError, connect_address
     pub = args.pub
     if pub is None:
-        from ..engine import load_config
-        pub = connect_address(load_config(args.config).sockets.pub)
+        from ..engine import ConfigError, load_config
+        try:
+            pub = connect_address(load_config(args.config).sockets.pub)
+        except ConfigError as e:
+            print("config error: " + " ".join(str(e).split()), file=sys.stderr)
+            return 2
     token = args.token or os.environ.get("STREAMTRACE_DASHBOARD_TOKEN")
     try:
         if not 0.1 <= args.rate <= 50:

@@ -9,7 +9,7 @@ import importlib
 import numpy as np
 
 from ..learner import (Forecast, Metrics, OnlineLearner, Slots, Supervised, chain, experts, feedback, normalise,
-                       param_groups, residual, rls)
+                       param_groups, residual, rls, screen)
 from ..learner.adaptive_forgetting import AdaptiveForgetting
 from ..learner.algorithms import algorithm_named
 from .config import (ConfigError, EngineConfig, ModelConfig, ReservoirConfig, change_detector,
@@ -60,7 +60,7 @@ def set_precision(bits: int):
 
 def transform_of(cfg: EngineConfig):
     sg = cfg.signal
-    parts = ([normalise(sg.normalise_warmup, sg.normalise_rate)] if sg.normalise else []) + \
+    parts = screen_of(cfg) + ([normalise(sg.normalise_warmup, sg.normalise_rate)] if sg.normalise else []) + \
         ([residual()] if sg.residual else []) + ([feedback(sg.feedback, cfg.model.n_out)] if sg.feedback else [])
     return chain(*parts) if parts else None
 
@@ -80,6 +80,14 @@ def combine_of(cfg: EngineConfig):
     c = cfg.combine
     return experts(c.period or None, eta=c.eta, window=c.window, max_period=c.max_period or None) \
         if c.experts else None
+
+
+def screen_of(cfg: EngineConfig) -> list:
+    """``[screen]``: the input channels' outlier screen, the first transform ([]: off)."""
+    sc = cfg.screen
+    if sc.policy == "off":
+        return []
+    return [screen(sc.policy, threshold=sc.threshold, rate=sc.rate, ranges=sc.range or None)]
 
 
 def beside_of(cfg: EngineConfig, model, optimizer, n_in: int):

@@ -95,7 +95,8 @@ class LearningConfig:
     learn_every: int = 1
     channels: list = field(default_factory=list)   # forecast: the input channels to predict ([]: all)
     horizon: int = 1             # forecast: predict the next `horizon` values every step
-    label_delay: int = 0         # supervised: a `label` message may come up to this many steps late
+    label_delay: int = 0         # supervised: the `label` of seq t may come until data seq t + label_delay
+                                 # (after at most label_delay - 1 later data messages)
     forecast_before_update: bool = False   # forecast: predict with the weights as they were before
                                  # this step's update, so the reply can leave before it runs
                                  # (engine.reply_first; its quality cost: docs/configuration.md)
@@ -121,6 +122,16 @@ class CombineConfig:             # what the user gets: the model's forecast mixe
     max_period: int = 0          # or detect it: the best lag in 2..max_period so far (0: off)
     eta: float = 8.0             # how fast the weights follow the losses (per std-unit squared error)
     window: int = 500            # the losses' memory (forgetting 1 - 1/window) and the mean's window
+
+
+@dataclass
+class ScreenConfig:              # outlier screening of every input channel (learner/screen.py)
+    policy: str = "skip"         # skip (the step sees the last good value and learns nothing), clip, or off
+    threshold: float = 30.0      # running mean absolute deviations from the running location
+    rate: float = 0.01           # the running statistics' rate (time constant 1 / rate steps)
+    # hard limits in the stream's units: [lo, hi] for every channel, or [[lo, hi], ...] one pair per
+    # channel ([]: none); a value outside is always an outlier
+    range: list = field(default_factory=list)
 
 
 # The default learner: what `serve`, `demo`, `replay --serve`, the bridges and `evaluate` run when
@@ -218,6 +229,7 @@ class EngineConfig:
     learning: LearningConfig = field(default_factory=LearningConfig)
     learned: LearnedConfig = field(default_factory=LearnedConfig)
     combine: CombineConfig = field(default_factory=CombineConfig)
+    screen: ScreenConfig = field(default_factory=ScreenConfig)
     engine: EngineSection = field(default_factory=EngineSection)
     sockets: SocketsConfig = field(default_factory=SocketsConfig)
     publish: PublishConfig = field(default_factory=PublishConfig)
@@ -237,6 +249,7 @@ class EngineConfig:
         self._validate_learning()
         self._validate_labels()
         self._validate_learned()
+        self._validate_screen()
         self._validate_engine()
         self._validate_outputs()
         self._validate_security()
@@ -395,6 +408,24 @@ class EngineConfig:
                 if getattr(sec, name):
                     raise ConfigError(f"security.{name}", "has no effect without security.curve_secret_key_file "
                                       "(the server's CURVE key): nothing would be authenticated")
+
+    def _validate_screen(self):
+        sc = self.screen
+        if sc.policy not in ("skip", "clip", "off"):
+            raise ConfigError("screen.policy", f"must be skip, clip or off; got {sc.policy!r}")
+        _positive("screen.threshold", sc.threshold)
+        if not 0 < sc.rate <= 1:
+            raise ConfigError("screen.rate", f"must be in (0, 1]; got {sc.rate!r}")
+        if sc.range:
+            pairs = sc.range if isinstance(sc.range[0], list) else [sc.range]
+            if any(not isinstance(p, list) or len(p) != 2 or
+                   not all(isinstance(v, (int, float)) and math.isfinite(v) for v in p) or p[0] >= p[1]
+                   for p in pairs):
+                raise ConfigError("screen.range", f"must be [lo, hi] with lo < hi, or one such pair per input "
+                                  f"channel; got {sc.range!r}")
+            if len(pairs) not in (1, self.model.n_in):
+                raise ConfigError("screen.range", f"{len(pairs)} pairs for model.n_in = {self.model.n_in} "
+                                  "input channels (give one pair, or one per channel)")
 
     def _validate_metrics(self):
         _int_range("metrics.prometheus_port", self.metrics.prometheus_port, 0, 65535, " (0: off)")

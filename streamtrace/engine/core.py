@@ -30,6 +30,11 @@ __all__ = ["EngineCore", "Stream", "subset_sizes"]
 
 log = logging.getLogger("streamtrace.engine")
 
+# a refused label in its stream's terms (the learner counts steps back in a slot, which users never see)
+LABEL_REFUSALS = {"unknown_label": "data message seq {seq} left nothing to label (it did not learn: "
+                                   "mode 'predict', or a step that was skipped)",
+                  "already_labelled": "seq {seq} was already labelled"}
+
 
 def subset_sizes(slots: int) -> list[int]:
     """Busy-slot counts with a call of their own (see EngineCore): 2 <= m <= slots / 4."""
@@ -302,7 +307,8 @@ class EngineCore(Ticks):
             if not ack:          # the data message was answered; its y could not be learned from
                 self.metrics.count("labels_refused")
                 return out
-            return out + self._refuse(origin, e.code, f"stream '{name}': seq {seq}: {e}", name, seq)
+            why = LABEL_REFUSALS.get(e.code, "seq {seq}: {error}").format(seq=seq, error=e)
+            return out + self._refuse(origin, e.code, f"stream '{name}': {why}", name, seq)
         self.metrics.count("labels")
         self.metrics.count("updates", int(res.applied))
         self.metrics.loss(name, res.loss)
@@ -339,7 +345,7 @@ class EngineCore(Ticks):
                                                                 st.recent))
                     self.metrics.count("parked")
                 del self.streams[name]
-                self.metrics.stream_loss.pop(name, None)
+                self.metrics.forget(name)
                 self.free.append(st.slot)
 
     def has_pending(self) -> bool:
@@ -347,27 +353,34 @@ class EngineCore(Ticks):
 
     # ---- weights ------------------------------------------------------------------------
     def weights_message(self, kind: str) -> bytes:
-        """'snapshot': every parameter at the current version. 'update': a new version with the
-        parameters that changed since the last publish (full values, so rebuilding is exact)."""
-        params = self.learner.params
+        """'snapshot': everything that predicts at the current version: the weights (``params``),
+        the rest of the predicting state (``state``: readout, transforms' statistics, experts;
+        ``OnlineLearner.predictor_state``) and which slot serves which stream (``streams``).
+        'update': a new version with the arrays that changed since the last publish (full
+        values, so rebuilding is exact) and the streams' slots."""
+        arrays = {**{f"params.{n}": v for n, v in self.learner.params.items()},
+                  **{f"state.{n}": v for n, v in self.learner.predictor_state().items()}}
+        streams = {name: st.slot for name, st in self.streams.items()}
+        prev = self._published_params
         if kind == "update":
             base = self.version
             self.version += 1
             self._since_publish = 0
-            prev = self._published_params or {}
-            changed = {n: v for n, v in params.items() if n not in prev or not np.array_equal(prev[n], v)}
-            self._published_params = params
+            sent = {n: v for n, v in arrays.items() if prev is None or n not in prev or not np.array_equal(prev[n], v)}
+            self._published_params = arrays
             self.metrics.count("weights_published")
-            return wire.encode({"type": "weights", "kind": "update", "version": self.version, "base": base,
-                                "params": {n: wire.pack_array(v) for n, v in changed.items()}})
-        if self._published_params is None or any(
-                not np.array_equal(self._published_params.get(n), v) for n, v in params.items()):
+            return self._weights(kind, base, sent, streams)
+        if prev is None or any(not np.array_equal(prev.get(n), v) for n, v in arrays.items()):
             # weights moved since the last publish: a snapshot gets its own version
             self.version += 1
-            self._published_params = params
+            self._published_params = arrays
             self._since_publish = 0
-        return wire.encode({"type": "weights", "kind": "snapshot", "version": self.version, "base": None,
-                            "params": {n: wire.pack_array(v) for n, v in params.items()}})
+        return self._weights(kind, None, arrays, streams)
+
+    def _weights(self, kind, base, arrays, streams) -> bytes:
+        part = lambda prefix: {n[len(prefix):]: wire.pack_array(v) for n, v in arrays.items() if n.startswith(prefix)}
+        return wire.encode({"type": "weights", "kind": kind, "version": self.version, "base": base,
+                            "params": part("params."), "state": part("state."), "streams": streams})
 
     def stats_message(self) -> bytes:
         snap = self.metrics.snapshot(len(self.streams), len(self.free))
@@ -378,6 +391,9 @@ class EngineCore(Ticks):
         snap["stream_metrics"] = {name: {k: (int(m[k][st.slot]) if k == "n" else float(m[k][st.slot]))
                                          for k in ("mse", "mae", "nrmse", "n")}
                                   for name, st in self.streams.items()}
+        for name, per in snap["stream_events"].items():     # the dashboard shows them beside the metrics
+            if name in snap["stream_metrics"]:
+                snap["stream_metrics"][name].update(per)
         self.metrics.quality(snap["stream_metrics"])
         snap["version"] = self.version
         snap["pending"] = self._pending                 # queued messages not yet stepped

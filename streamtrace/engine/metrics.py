@@ -2,12 +2,15 @@
 optional Prometheus exporter (prometheus-client, served on loopback)."""
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 
 import numpy as np
 
 __all__ = ["Metrics"]
+
+_EVENT_COUNTERS = {"outlier": "outliers", "rolled_back": "rolled_back"}    # a reply's flag -> its counter
 
 MAX_TOPICS = 1024     # per-topic drop counts kept by name (streams come and go)
 
@@ -18,11 +21,12 @@ class Metrics:
                          "steps": 0, "updates": 0, "skipped": 0, "lost_on_resync": 0,
                          "checkpoints": 0, "weights_published": 0, "reply_failures": 0,
                          "parked": 0, "unparked": 0, "park_dropped": 0, "pub_dropped": 0, "labels": 0,
-                         "labels_refused": 0, "replied_first": 0}
+                         "labels_refused": 0, "replied_first": 0, "outliers": 0, "rolled_back": 0}
         self.errors_by_code: dict[str, int] = {}
         self.pub_dropped_by_topic: dict[str, int] = {}
         self.latency_us: deque = deque(maxlen=latency_samples)
         self.stream_loss: dict[str, float] = {}
+        self.stream_events: dict[str, dict] = {}     # per stream: outliers screened, steps rolled back
         self._t0 = time.monotonic()
         self._last = (self._t0, 0)
         self._prom = None
@@ -56,9 +60,25 @@ class Metrics:
             self._prom["latency"].observe(seconds)
 
     def loss(self, stream: str, value: float, alpha: float = 0.05):
-        if value == value:  # not NaN
+        if math.isfinite(value):     # not NaN (no score), nor an overflow that would stay for good
             old = self.stream_loss.get(stream)
             self.stream_loss[stream] = value if old is None else (1 - alpha) * old + alpha * value
+
+    def events(self, stream: str, events: dict):
+        """A step of ``stream`` had an outlier in its input and/or was rolled back (its reply's
+        flags): counted in total and per stream (stats, Prometheus, the dashboard)."""
+        per = self.stream_events.setdefault(stream, {"outliers": 0, "rolled_back": 0})
+        for key in events:
+            name = _EVENT_COUNTERS[key]
+            per[name] += 1
+            self.count(name)
+            if self._prom:
+                self._prom["stream_events"].labels(stream, name).inc()
+
+    def forget(self, stream: str):
+        """A stream left: its per-stream figures go (its Prometheus series stay, as counters do)."""
+        self.stream_loss.pop(stream, None)
+        self.stream_events.pop(stream, None)
 
     def quality(self, per_stream: dict):
         """Rolling prequential metrics per stream into Prometheus (gauges of gone streams removed)."""
@@ -85,7 +105,8 @@ class Metrics:
                 "latency_us": {"p50": float(np.percentile(lat, 50)), "p90": float(np.percentile(lat, 90)),
                                "p99": float(np.percentile(lat, 99)), "max": float(lat.max())},
                 "streams": streams, "slots_free": slots_free,
-                "stream_loss": {k: float(v) for k, v in self.stream_loss.items()}}
+                "stream_loss": {k: float(v) for k, v in self.stream_loss.items()},
+                "stream_events": {k: dict(v) for k, v in self.stream_events.items()}}
         if self._prom:
             self._prom["rate"].set(rate)
             self._prom["streams"].set(streams)
@@ -102,6 +123,9 @@ class Metrics:
                                     registry=reg),
             "rate": pc.Gauge("streamtrace_steps_per_second", "accepted steps per second", registry=reg),
             "streams": pc.Gauge("streamtrace_streams", "connected streams", registry=reg),
+            "stream_events": pc.Counter("streamtrace_stream_events", "per stream: steps whose input held an "
+                                        "outlier (outliers), steps undone (rolled_back)", ["stream", "event"],
+                                        registry=reg),
             "quality": pc.Gauge("streamtrace_stream_quality", "rolling prequential error per stream "
                                 "(user units; time constant metrics.window steps)", ["stream", "metric"],
                                 registry=reg),

@@ -46,6 +46,7 @@ QUANTITY_KEYS = {
     "publish.stats_every_s": SECONDS,
     "checkpoint.every": STEPS,
     "metrics.window": STEPS,
+    "screen.rate": PER_STEP,
 }
 
 
@@ -124,6 +125,32 @@ def resolve(cfg) -> None:
         if isinstance(value, str):
             units.parse_quantity(value, key=key)     # "20" (no unit) is refused: write 20
             setattr(obj, name, convert(kind, value, key=key, rate_hz=stream.rate or None))
+    cfg.screen.range = screen_range(cfg.screen.range, stream.units, cfg.model.n_in)
+
+
+def screen_range(value: list, channel_units: list, n_in: int) -> list:
+    """``screen.range`` with its quantities ("3.3 V") in each channel's declared unit. A single
+    ``[lo, hi]`` pair holding a quantity becomes one pair per channel (the channels' units may
+    differ); anything not a quantity is left for the config's own checks.
+
+    >>> screen_range(["0 V", "3.3 V"], ["mV", "V"], 2)
+    [[0.0, 3300.0], [0.0, 3.3]]
+    >>> screen_range([-1, 1], [], 3)
+    [-1, 1]
+    """
+    if not value or not any(isinstance(v, str) for p in value for v in (p if isinstance(p, list) else [p])):
+        return value
+    pairs = value if isinstance(value[0], list) else [value] * n_in
+    out = []
+    for ch, pair in enumerate(pairs):
+        unit = channel_units[ch] if ch < len(channel_units) else ""
+        if not isinstance(pair, list):
+            return value                  # malformed: the config's check names it
+        try:
+            out.append([units.in_unit(v, key="screen.range", unit=unit) for v in pair])
+        except units.UnitError as e:
+            raise units.UnitError("screen.range", f"channel {ch}: {e.problem}") from None
+    return out
 
 
 def resolve_stream(stream):

@@ -149,12 +149,15 @@ class Ticks:
             name = d["stream"]
             metrics.loss(name, loss)
             args = (name, d["seq"], r.prediction[p], None if loss != loss else loss, steps, version, d["ts"])
-            reply = encode(*args) if origin is not None or (publish and not signal) else None
+            events = _events(r, p)
+            if events:
+                metrics.events(name, events)
+            reply = encode(*args, events=events) if origin is not None or (publish and not signal) else None
             if origin is not None:
                 out.append(("reply", origin, reply))
             if publish:
                 if signal:     # the published copy also carries what was measured (dashboards)
-                    reply = encode(*args, d["x"] if d["y"] is None else d["y"])
+                    reply = encode(*args, d["x"] if d["y"] is None else d["y"], events=events)
                 out.append(("pub", b"pred/" + name.encode(), reply))
             metrics.latency(now - t_recv)
         metrics.count("answered", len(taken))
@@ -234,3 +237,13 @@ class Ticks:
         views[1][2].fill(False)
         views[1][3].fill(False)
         return views
+
+
+def _events(r, p) -> dict | None:
+    """What happened to slot ``p``'s step besides its answer (the reply's flags), or None."""
+    got = {}
+    for key in ("outlier", "rolled_back"):
+        v = getattr(r, key)
+        if bool(v[p] if isinstance(v, np.ndarray) else v):
+            got[key] = True
+    return got or None

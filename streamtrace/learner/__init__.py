@@ -23,10 +23,11 @@ from .optimizers import frozen
 from .packing import Layout
 from .residual import residual
 from .rls import rls
+from .screen import screen
 from .settings import CompileSettings, Metrics, Slots
 from .transforms import chain
 
 __all__ = ["OnlineLearner", "StepResult", "Layout", "LOSSES", "CheckpointError", "CheckpointDir",
            "read_checkpoint", "write_checkpoint", "Forecast", "normalise", "residual", "chain", "rls",
            "param_groups", "adam", "experts", "feedback", "Algorithm", "d_rtrl", "es_d_rtrl", "rtrl",
-           "frozen", "Supervised", "Slots", "CompileSettings", "Metrics", "adaptive_forgetting"]
+           "frozen", "Supervised", "Slots", "CompileSettings", "Metrics", "adaptive_forgetting", "screen"]

@@ -177,6 +177,10 @@ class SlotBank:
         """Current weights, ``{name: array}``, slot axis first."""
         return self._stacked(lambda: self.one.params)
 
+    def predictor_state(self) -> dict:
+        """``OnlineLearner.predictor_state`` of every slot, slot axis first."""
+        return self._stacked(self.one.predictor_state)
+
     def stats(self) -> dict:
         """Counters summed over slots ("step": the most any slot took), per-slot prequential
         loss and rolling metrics."""

@@ -20,10 +20,16 @@ from .optimizers import optimizer_parts
 from .packing import Layout, path_name
 from .programs import PAIR, Programs
 from .result import StepResult
+from . import rollback
+from .screen import Screened, screen_in
 from .settings import CompileSettings, Metrics, Slots
 from .step import COUNTERS, StepConfig, StepFunctions
 
 __all__ = ["OnlineLearner", "StepResult"]
+
+
+PREDICTING = ("readout.", "signal.", "combine.")      # state entries a prediction is made from
+NOT_PREDICTING = ("readout.P",)                      # ... but for what the readout learns with
 
 
 def _value(given, cls, name):
@@ -35,9 +41,9 @@ def _value(given, cls, name):
     return given
 
 
-_LABEL_MESSAGES = {1: "slot {slot} has no learning step {age} steps back (none yet, or it did not learn)",
+_LABEL_MESSAGES = {1: "no learning step {age} steps back (none yet, or it did not learn)",
                    2: "the step {age} steps back is beyond label_delay",
-                   3: "the step {age} steps back of slot {slot} was already labelled",
+                   3: "the step {age} steps back was already labelled",
                    4: "label contains NaN or Inf"}
 
 
@@ -65,7 +71,9 @@ class OnlineLearner:
     ``Slots(N, shared=False)`` gives each slot its own model, ``Slots(N, reduce="sum")`` sums
     the slots' losses for the shared model; ``step_slots(slots, x)`` steps a few of them only.
     transform=chain(normalise(), residual()): the signal between the user's units and the
-    model. readout=rls(): a closed-form readout over the model's output features (the model then
+    model; ``screen()`` first in the chain screens every input channel for outliers (a glitching
+    sensor's absurd value is neither learnt from nor scored; learner/screen.py).
+    readout=rls(): a closed-form readout over the model's output features (the model then
     returns features, e.g. ``nn.Reservoir``). combine=experts(): what the user gets is an online
     mixture of the model's prediction with persistence, a running mean and a seasonal naive
     forecast, weighted by their recent losses (learner/experts.py).
@@ -76,7 +84,9 @@ class OnlineLearner:
     work for one release, with a DeprecationWarning naming the new form (old_keywords.py).
 
     Non-finite inputs/losses/gradients never reach the weights: the step is skipped for that
-    slot and counted (``stats()``). The engine's compiled programs are ``learner.programs``.
+    slot and counted (``stats()``). A step that leaves any non-finite value in the state is
+    undone, bit for bit, and counted (``stats()["rolled_back"]``, ``StepResult.rolled_back``;
+    learner/rollback.py). The engine's compiled programs are ``learner.programs``.
 
     The state crosses the compiled call as a few buffers: small leaves packed per dtype, leaves
     of at least ``standalone`` elements (weights, moments, traces) as buffers of their own.
@@ -96,6 +106,7 @@ class OnlineLearner:
                 old, algorithm, optimizer, mode, slots, compile, metrics)
         compile, metrics = _value(compile, CompileSettings, "compile"), _value(metrics, Metrics, "metrics")
         parts = optimizer_parts(adam() if optimizer is None else optimizer)
+        screen, transform = screen_in(transform)
         self.label_delay = mode.label_delay if isinstance(mode, Supervised) else 0
         if self.label_delay and (transform, readout, combine) != (None, None, None) or self.label_delay and parts.frozen:
             raise ValueError("Supervised(label_delay=...) needs a model that learns (not frozen()), without "
@@ -118,8 +129,11 @@ class OnlineLearner:
         self.cfg = StepConfig(mode, learn_every, reduce, channels, spec.horizon if spec else 1, metrics.window,
                               self.label_delay, before_update=bool(spec and spec.before_update))
         steps = LabelledSteps if self.label_delay else StepFunctions
-        self.fns = steps(self.algo, get_loss(loss), parts, self.cfg, transform=transform, readout=readout,
-                         y_shape=self.out_shape, combine=combine)
+        fns = steps(self.algo, get_loss(loss), parts, self.cfg, transform=transform, readout=readout,
+                    y_shape=self.out_shape, combine=combine)
+        if screen is not None:
+            fns = Screened(fns, screen)
+        self.fns = fns
         self.horizon = self.cfg.horizon
         self.slots = None if slots is None else slots.n
         self.n = self.slots or 1
@@ -138,6 +152,7 @@ class OnlineLearner:
                                  "horizon": self.horizon, "window": metrics.window,
                                  **({"label_delay": self.label_delay} if self.label_delay else {}),
                                  "transform": None if transform is None else transform.describe(),
+                                 **({} if screen is None else {"screen": screen.describe()}),
                                  "readout": None if readout is None else readout.describe(),
                                  **({} if combine is None else {"combine": combine.describe()}),
                                  "groups": None if parts.groups is None else parts.groups.describe(),
@@ -200,8 +215,8 @@ class OnlineLearner:
     def _init_state(self, params):
         kw = dict(y_shape=self.out_shape, y_dtype=self.y_dtype, params=params)
         if not self.per_slot:
-            return self.fns.init(self.n, self.x_shape, self.x_dtype, **kw)
-        one = self.fns.init(1, self.x_shape, self.x_dtype, **kw)
+            return {**self.fns.init(self.n, self.x_shape, self.x_dtype, **kw), "rollback": rollback.init(self.n)}
+        one = {**self.fns.init(1, self.x_shape, self.x_dtype, **kw), "rollback": rollback.init(1)}
         return jax.tree_util.tree_map(lambda v: jnp.broadcast_to(v, (self.n,) + v.shape), one)
 
     def state_dict(self) -> dict:
@@ -264,6 +279,27 @@ class OnlineLearner:
         per = [store.unpack(jax.tree_util.tree_map(lambda a: a[i], stored)) for i in range(self.n)]
         return {k: np.stack([np.asarray(p[k]) for p in per]) for k in per[0]}
 
+    def predictor_state(self) -> dict:
+        """Everything besides the weights (``params``) that a prediction is made from, as
+        ``{name: numpy array}`` (slot axis first, as in ``state_dict``): the readout's weights
+        and its choice between ridges, the transforms' statistics (the normaliser's), the
+        experts' state. A readout's matrix P, which it learns with and does not predict
+        with, is left out (it is in checkpoints).
+
+        >>> import numpy as np, streamtrace as st
+        >>> model = st.nn.Reservoir(1, 8)
+        >>> L = st.OnlineLearner(model, np.zeros(1, np.float32), mode="forecast", optimizer=st.frozen(),
+        ...                      transform=st.normalise(), readout=st.rls())
+        >>> sorted(k for k in L.predictor_state() if k.startswith("readout"))
+        ['readout.W', 'readout.err']
+        """
+        out = {}
+        for prefix in PREDICTING:
+            for name, v in self.layout.to_named(self.buffers, prefix=prefix).items():
+                if name not in NOT_PREDICTING:
+                    out[name] = v
+        return self._expand(out)
+
     def stats(self) -> dict:
         """Counters (summed over slots with per-slot weights) and per-slot prequential loss."""
         named = self.layout.to_named(self.buffers, prefix="stats.")
@@ -276,6 +312,12 @@ class OnlineLearner:
         roll = {k[len("stats.roll."):]: v for k, v in named.items() if k.startswith("stats.roll.")}
         roll = {k: v.reshape(-1) if k == "n" else v.reshape(-1, v.shape[-1]) for k, v in roll.items()}
         out["metrics"] = self.fns.rolling.summary(roll)
+        for key, name in (("screen", "outliers"), ("rollback", "rolled_back")):
+            got = self.layout.to_named(self.buffers, prefix=f"{key}.count")
+            if got:
+                per = got[f"{key}.count"].reshape(-1)
+                out[name] = int(per.sum())
+                out["metrics"][name] = per.astype(np.int64)
         return out
 
     # ---- calls ------------------------------------------------------------------------

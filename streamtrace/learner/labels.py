@@ -1,6 +1,7 @@
 """Delayed labels (supervised mode, ``Supervised(label_delay=d)``): the target of step t may
-come up to d steps later. Each slot keeps a ring of d entries; the entry of step t holds what
-the gradient of that step needs once its target is known, and nothing else:
+come while at most d - 1 later steps have run (``age`` 0..d-1). Each slot keeps a ring of d
+entries; the entry of step t holds what the gradient of that step needs once its target is
+known, and nothing else:
 
     grad    the step's online gradient per output value: for output value o, the gradient of
             out_t[o] w.r.t. every weight, through the step-t eligibility traces (the traces

@@ -18,8 +18,9 @@ def _check_every(learn_every, where):
 @dataclass(frozen=True)
 class Supervised:
     """Supervised mode (a target with every x) with options: ``learn_every`` k sums k steps'
-    gradients into one optimizer update; ``label_delay`` d >= 1: the target may come up to d
-    steps later, through ``OnlineLearner.label`` (learner/labels.py, docs/labels.md)."""
+    gradients into one optimizer update; ``label_delay`` d >= 1: the target may come while at
+    most d - 1 later steps have run (``age`` 0..d-1), through ``OnlineLearner.label``
+    (learner/labels.py, docs/labels.md)."""
     learn_every: int = 1
     label_delay: int = 0
 

@@ -23,6 +23,7 @@ import numpy as np
 from .inputs import PackedInputs
 from .labels import MOVING, PairRing, apply_label
 from .result import StepResult
+from .rollback import gate, gate_buffers
 from .step import COUNTERS
 from .subset import SlotRows
 from .xla_options import step_compiler_options
@@ -30,6 +31,7 @@ from .xla_options import step_compiler_options
 __all__ = ["Programs", "PAIR"]
 
 PAIR = 2     # per-slot models step this many slots at a time (see Programs._in_pairs)
+EVENTS = ("screen", "rollback")     # state entries whose "now" (per slot) a step's result reports
 
 
 class _Call:
@@ -86,6 +88,7 @@ class Programs:
         self._step = jax.jit(self.fns.step)
         self._pair = jax.jit(self._each_model)
         self._slot_shapes = None
+        self._events = [k for k in EVENTS if any(name.startswith(k + ".") for name in self.layout.names)]
 
     # ---- the cache ----------------------------------------------------------------------
     def _program(self, key, build):
@@ -98,6 +101,12 @@ class Programs:
                 if prog is None:
                     prog = self._compiled[key] = build()
         return prog
+
+    @property
+    def events(self) -> list:
+        """The per-slot events a step's output vector ends with, in order (``EVENTS`` the
+        learner has: "screen" for an outlier, "rollback" for a step undone)."""
+        return list(self._events)
 
     def is_compiled(self, key) -> bool:
         return key in self._compiled
@@ -312,8 +321,12 @@ class Programs:
         n_out = math.prod(pred_shape)
         pred = vec[:n_out].reshape(pred_shape)
         loss = vec[n_out:n_out + n]
-        applied = vec[n_out + n:] > 0.5
-        return StepResult(pred, loss, applied if self.per_slot else bool(applied[0]))
+        n_applied = n if self.per_slot else 1
+        applied = vec[n_out + n:n_out + n + n_applied] > 0.5
+        flags = vec[n_out + n + n_applied:].reshape(-1, n) > 0.5
+        events = {k: (f if self.slots is not None else bool(f[0])) for k, f in zip(self._events, flags)}
+        return StepResult(pred, loss, applied if self.per_slot else bool(applied[0]),
+                          outlier=events.get("screen", False), rolled_back=events.get("rollback", False))
 
     # ---- a slot's part of the state -----------------------------------------------------
     def slot_part(self, state) -> dict:
@@ -323,8 +336,8 @@ class Programs:
         ``reset`` and for ``read_slot`` / ``write_slot`` (the engine's parking)."""
         if self.per_slot:
             return state
-        part = {k: state[k] for k in ("hidden", "traces", "pending", "signal", "readout", "combine", "labels")
-                if k in state}
+        part = {k: state[k] for k in ("hidden", "traces", "pending", "signal", "readout", "combine", "labels",
+                                      "screen", "rollback") if k in state}
         part["stats"] = {k: state["stats"][k] for k in ("preq_sum", "preq_n", "roll")}
         return part
 
@@ -406,33 +419,54 @@ class Programs:
         state, (out, loss, applied) = jax.lax.fori_loop(0, pairs, body, (state, outs))
         return state, out, loss, applied
 
-    def pack_out(self, out, loss, applied):
-        """A step's prediction, loss and applied flags as one output vector (see ``decode``)."""
+    def pack_out(self, out, loss, applied, events=()):
+        """A step's prediction, loss, applied flags and per-slot events (``EVENTS``: outlier,
+        rolled back; those the learner has) as one output vector (see ``decode``)."""
         dt = jnp.result_type(out.dtype, jnp.float32)
-        return jnp.concatenate([jnp.ravel(out).astype(dt), loss.astype(dt), jnp.ravel(applied).astype(dt)])
+        return jnp.concatenate([jnp.ravel(out).astype(dt), loss.astype(dt), jnp.ravel(applied).astype(dt),
+                                *(jnp.ravel(e).astype(dt) for e in events)])
 
     def _fn(self, k: int | None):
         """The pure packed step: (buffers, x, y, active, learn) -> (buffers, out vector).
-        k=None: one step; k: a scan over k pending steps (micro-batching)."""
+        k=None: one step, gated on the buffers it returns (rollback.gate_buffers: the cheap
+        place); k: a scan over k pending steps (micro-batching), each step gated."""
         layout = self.layout
 
         def fn(buffers, x, y, active, learn):
-            state, vec = self._steps(layout.unpack(buffers), k, x, y, active, learn)
-            return layout.pack(state), vec
+            if k is not None:
+                state, vec = self._steps(layout.unpack(buffers), k, x, y, active, learn)
+                return layout.pack(state), vec
+            new, out, loss, applied, events = self._one(layout.unpack(buffers), x, y, active, learn, True)
+            packed, undone = gate_buffers(layout, buffers, layout.pack(new), active)
+            return packed, self._vec(out, loss, applied, events, undone)
         return fn
+
+    def _one(self, state, x, y, active, learn, update):
+        """One step, ungated: (new state, prediction, loss, applied, {event: per slot})."""
+        if self.slots is None:
+            x, y = x[None], y[None]
+        new, out, loss, applied = self._core(state, x, y, active, learn, update)
+        events = {k: new[k]["now"] for k in EVENTS if k in new and k != "rollback"}
+        return new, (out[0] if self.slots is None else out), loss, applied, events
+
+    def _vec(self, out, loss, applied, events, undone):
+        """The output vector of one step whose slots ``undone`` (N,) were rolled back."""
+        loss = jnp.where(undone > 0, jnp.nan, loss)
+        applied = applied & (undone == 0 if self.per_slot else ~jnp.any(undone > 0))
+        events = {**events, "rollback": undone}
+        return self.pack_out(out, loss, applied, [events[k] for k in self._events])
 
     def _steps(self, state, k, x, y, active, learn, update=True):
         """``update`` False: the prediction and loss only, the state returned as it came
-        (``predict``): XLA then drops the gradient, the traces' and the optimizer's work."""
-        squeeze = self.slots is None
-
+        (``predict``): XLA then drops the gradient, the traces' and the optimizer's work.
+        Every step is gated (a step that left a non-finite value is undone, learner/rollback.py)."""
         def single(state, x, y, active, learn):
-            if squeeze:
-                x, y = x[None], y[None]
-            new, out, loss, applied = self._core(state, x, y, active, learn, update)
-            if not update:
-                new, applied = state, jnp.zeros_like(applied)
-            return new, self.pack_out(out[0] if squeeze else out, loss, applied)
+            new, out, loss, applied, events = self._one(state, x, y, active, learn, update)
+            if update:
+                new, undone = gate(self.layout, state, new, active)
+            else:
+                new, applied, undone = state, jnp.zeros_like(applied), jnp.zeros(active.shape, jnp.int32)
+            return new, self._vec(out, loss, applied, events, undone)
         if k is None:
             return single(state, x, y, active, learn)
         state, vecs = jax.lax.scan(lambda s, xs: single(s, *xs), state, (x, y, active, learn))

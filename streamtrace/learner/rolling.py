@@ -4,7 +4,8 @@ of the squared and absolute error and of the target's first two moments, per cha
 
     mse = mean_c se_c    mae = mean_c ae_c    nrmse = sqrt(sum_c se_c / sum_c var_c)
 
-O(channels) state per slot; a step that was not scored leaves a slot's averages unchanged.
+O(channels) state per slot; a step that was not scored, or whose squared error or target
+overflowed, leaves a slot's averages unchanged.
 """
 from __future__ import annotations
 
@@ -31,6 +32,9 @@ class RollingMetrics:
         e = (pred.reshape(n, -1) - target.reshape(n, -1)).astype(dt)
         y = target.reshape(n, -1).astype(dt)
         new = {"se": e * e, "ae": jnp.abs(e), "y": y, "y2": y * y}
+        # a score that overflowed (an absurd value the screen did not catch) is not averaged in:
+        # it would stay in the averages for good
+        scored = scored & jnp.isfinite(jnp.sum(new["se"] + new["y2"], axis=-1))
         s = scored[:, None]
         out = {k: jnp.where(s, (1 - a) * state[k] + a * v, state[k]) for k, v in new.items()}
         out["n"] = state["n"] + scored.astype(jnp.int32)

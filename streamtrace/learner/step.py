@@ -49,7 +49,7 @@ class StepConfig:
     channels: tuple | None = None   # forecast: the input channels predicted (None: all)
     horizon: int = 1                # forecast: predictions of the next `horizon` values
     window: int = 1000              # rolling metrics time constant (steps)
-    label_delay: int = 0            # supervised: targets may come up to this many steps late (labels.py)
+    label_delay: int = 0            # supervised: targets may come up to label_delay - 1 steps late (labels.py)
     before_update: bool = False     # forecast: predict with the weights from before this step's update
 
 
