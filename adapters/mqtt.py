@@ -291,7 +291,8 @@ class MqttBridge(BridgeThread):
             if self.units.factors is not None and sample.x.size != self.units.factors.size:
                 self.stats.bad_payload("channels")      # not the channels bridge.mqtt.units names
                 return
-            seq = self.link.send(stream, self.units.apply(sample.x), ts=time.time() if sample.ts is None else sample.ts, y=sample.y,
+            seq = self.link.send(stream, self.units.apply(sample.x),
+                                 ts=time.time() if sample.ts is None else sample.ts, y=sample.y,
                                  mode=sample.mode)
         except BadPayload as e:
             self.stats.bad_payload(e.reason)

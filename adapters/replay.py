@@ -27,8 +27,8 @@ from streamtrace.files import Table, number, timestamp
 
 from .client import EngineError, SensorClient
 
-__all__ = ["ReplayError", "Table", "Rows", "ReplayResult", "FileUnits", "read_table", "select_rows", "replay", "write_predictions",
-           "run_cli"]
+__all__ = ["ReplayError", "Table", "Rows", "ReplayResult", "FileUnits", "read_table", "select_rows", "replay",
+           "write_predictions", "run_cli"]
 
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:5555"
 SHOWN_BAD_ROWS = 10          # bad rows listed by line; the rest are only counted

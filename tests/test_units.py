@@ -274,7 +274,8 @@ def test_screen_range_quantities_are_converted_into_each_channels_unit():
 
 
 @pytest.mark.parametrize("over,match", [
-    ({"screen": {"range": ["0 V", "3.3 V"]}}, "screen.range: channel 0: '0 V' has a unit, but the channel declares none"),
+    ({"screen": {"range": ["0 V", "3.3 V"]}},
+     "screen.range: channel 0: '0 V' has a unit, but the channel declares none"),
     ({"stream": {"units": ["V"]}, "screen": {"range": ["0 s", "1 V"]}},
      r"screen.range: channel 0: '0 s' is a duration; the channel's unit is 'V' \(a voltage\)"),
     ({"stream": {"units": ["V"]}, "screen": {"range": ["2 V", "1 V"]}}, "screen.range: must be .lo, hi. with lo < hi"),
