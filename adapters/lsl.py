@@ -29,8 +29,11 @@ from pathlib import Path
 import numpy as np
 import zmq
 
+from streamtrace.units import UnitError
+
 from .bridge import (BridgeStats, BridgeThread, apply_flags, engine_target, load_bridge_config, open_link,
                      stop_event, stream_problem)
+from .stream_units import Conversion, conform, declared_stream
 
 __all__ = ["LslSettings", "LslBridge", "LslBridgeError", "add_arguments", "run_cli"]
 
@@ -38,6 +41,7 @@ STRING_FORMAT, UNDEFINED_FORMAT = 3, 0      # pylsl.cf_string, pylsl.cf_undefine
 CLOCK_REFRESH_S = 5.0                       # LSL re-estimates offsets about this often
 SAMPLE_WAIT_S = 0.05                        # a blocking pull returns at the first sample; this bounds stop
 ANSWER_WAIT_S = 0.0005                      # while answers are due: how long new samples may wait
+INFO_WAIT_S = 5.0                           # at most this long for a new stream's description
 ENGINE_SILENT_S = 1.0                       # no answer for this long: wait on the bus, check the engine between
 
 
@@ -110,11 +114,15 @@ class _Stream:
     alive: bool = True
     opened: threading.Event = field(default_factory=threading.Event)   # its inlet is open
     error: str = ""
+    units: Conversion = field(default_factory=Conversion)   # its rate and units, and into the declared ones
+    labels: list = field(default_factory=list)              # its channels' labels, when it has them
     reported: set = field(default_factory=set)   # engine refusal codes / clashing uids already printed
 
     def summary(self) -> dict:
         return {"lsl_name": self.info.name(), "lsl_type": self.info.type(), "source_id": self.info.source_id(),
                 "channels": self.info.channel_count(), "clock_offset_s": self.offset_s, "received": self.received,
+                "rate_hz": self.units.rate_hz or None, "units": self.units.source_units,
+                "forwarded_units": self.units.units,
                 "prediction_outlet": self.outlet_name or None, "alive": self.alive,
                 **({"error": self.error} if self.error else {})}
 
@@ -126,8 +134,10 @@ class LslBridge(BridgeThread):
     ``run(stop)`` in the calling thread, or ``start()`` / ``stop()`` in a thread of its own.
     ``stats`` (:class:`BridgeStats`) and ``streams`` (engine id -> its LSL side) are live."""
 
-    def __init__(self, settings: LslSettings, endpoint, *, log=None, ctx: zmq.Context | None = None):
+    def __init__(self, settings: LslSettings, endpoint, *, log=None, ctx: zmq.Context | None = None,
+                 declared=None):
         self.settings = settings.validate()
+        self.declared = declared           # the serve config's [stream] (a StreamConfig), or None
         self.endpoint = endpoint
         self.log = log or sys.stderr
         self.ctx = ctx or zmq.Context.instance()
@@ -213,6 +223,14 @@ class LslBridge(BridgeThread):
                 self.stats.bad_payload("bad stream id")
                 print(f"lsl bridge: refused {why}", file=self.log)
                 continue
+            full = self._full_info(info)      # the inlet below is opened from the header info
+            try:
+                conversion = self._units(full)
+            except UnitError as e:
+                self.refused_streams[uid] = why = str(e)
+                self.stats.bad_payload("units")
+                print(f"lsl bridge: refused {why}", file=self.log)
+                continue
             known = self.streams.get(sid)
             if known is not None and known.alive:
                 if known.info.uid() != uid and uid not in known.reported:
@@ -220,11 +238,30 @@ class LslBridge(BridgeThread):
                     print(f"lsl bridge: {_describe(info)} maps to engine stream {sid!r}, which "
                           f"{_describe(known.info)} already feeds; not bridged (set stream_id)", file=self.log)
                 continue
-            st = _Stream(sid, info)
+            st = _Stream(sid, info, units=conversion, labels=_channel_values(full, "label"))
             st.thread = threading.Thread(target=self._serve_stream, args=(st,), name=f"lsl-{sid}", daemon=True)
             self.streams[sid] = st
             st.thread.start()
-            print(f"lsl bridge: {_describe(info)} -> engine stream {sid!r}", file=self.log)
+            print(f"lsl bridge: {_describe(info)} -> engine stream {sid!r}{_units_note(conversion)}", file=self.log)
+
+    def _units(self, info) -> Conversion:
+        """The stream's nominal rate and channel units against the config's [stream]."""
+        d = self.declared
+        return conform(info.nominal_srate(), _channel_values(info, "unit"), declared_rate=d.rate if d else 0.0,
+                       declared_units=d.units if d else [], what=_describe(info))
+
+    def _full_info(self, info):
+        """The stream's info with its description (channel labels and units): a resolver gives
+        only the header; the outlet sends the rest to an inlet (the header alone if it does not)."""
+        import pylsl
+        try:
+            inlet = pylsl.StreamInlet(info, max_buflen=1)
+            try:
+                return inlet.info(min(self.settings.wait_s, INFO_WAIT_S))
+            finally:
+                inlet.close_stream()
+        except _lsl_errors():
+            return info
 
     def _stream_id(self, info) -> str:
         source = info.source_id() or info.name()
@@ -256,7 +293,7 @@ class LslBridge(BridgeThread):
                 if now >= next_clock:
                     try:      # the first estimate takes LSL some probes; later ones are cached
                         st.offset_s = inlet.time_correction(self.settings.wait_s if st.offset_s is None else 0.1)
-                    except pylsl.TimeoutError:
+                    except _lsl_errors()[0]:
                         pass
                     next_clock = now + CLOCK_REFRESH_S
                 pull_wait = SAMPLE_WAIT_S
@@ -276,7 +313,7 @@ class LslBridge(BridgeThread):
             end = time.monotonic() + 1.0         # stopping: publish the answers still coming
             while link.in_flight and time.monotonic() < end:
                 self._publish(st, link.poll(0.05))
-        except pylsl.LostError:
+        except _lsl_errors()[1]:
             st.error = "the LSL source was lost"
         except Exception as e:  # noqa: BLE001 - one stream's failure must not stop the others
             st.error = f"{type(e).__name__}: {e}"
@@ -301,6 +338,7 @@ class LslBridge(BridgeThread):
 
     def _forward(self, st: _Stream, link, x, ts):
         sent = bad = dropped = 0
+        x = st.units.apply(x)
         for row, t in zip(x, ts):
             try:
                 if link.send(st.id, row, ts=float(t)) is None:   # the engine is not taking messages
@@ -344,11 +382,15 @@ class LslBridge(BridgeThread):
         desc.append_child_value("input", info.name())
         desc.append_child_value("timestamps", "the input sample's timestamp in this host's LSL clock "
                                               "(time_correction applied); forecast mode: predicts the next sample")
-        labels = _channel_labels(info)
-        if len(labels) == channels:
+        labels, units = st.labels, st.units.units
+        if len(labels) == channels or len(units) == channels:
             chans = desc.append_child("channels")
-            for label in labels:
-                chans.append_child("channel").append_child_value("label", label)
+            for i in range(channels):
+                ch = chans.append_child("channel")
+                if len(labels) == channels:
+                    ch.append_child_value("label", labels[i])
+                if len(units) == channels and units[i]:
+                    ch.append_child_value("unit", units[i])
         outlet = pylsl.StreamOutlet(out, chunk_size=1)
         self._own_uids.add(outlet.get_info().uid())
         st.outlet_name = name
@@ -359,17 +401,34 @@ class LslBridge(BridgeThread):
                 "refused_streams": list(self.refused_streams.values())}
 
 
-def _channel_labels(info) -> list[str]:
-    """The input's channel labels (desc/channels/channel/label), when it declares them."""
+def _lsl_errors() -> tuple:
+    """pylsl's (TimeoutError, LostError): in pylsl.util since 1.17, at the top before."""
+    import pylsl
+    where = getattr(pylsl, "util", pylsl)
+    return getattr(where, "TimeoutError", TimeoutError), getattr(where, "LostError", ConnectionError)
+
+
+def _channel_values(info, name: str) -> list[str]:
+    """The input's channel ``name`` metadata (desc/channels/channel/<name>: "label", "unit"), one
+    per channel ("" where a channel has none), or [] when no channel declares it."""
     try:
         ch = info.desc().child("channels").child("channel")
-        labels = []
+        values = []
         while not ch.empty():
-            labels.append(ch.child_value("label"))
+            values.append(ch.child_value(name))
             ch = ch.next_sibling()
-        return labels if all(labels) else []
-    except Exception:  # noqa: BLE001 - labels are a courtesy
+    except Exception:  # noqa: BLE001 - metadata are a courtesy
         return []
+    if name == "label":
+        return values if all(values) else []
+    return values if any(values) else []
+
+
+def _units_note(c: Conversion) -> str:
+    rate = f"{c.rate_hz:g} Hz" if c.rate_hz else "irregular rate"
+    said = f", units {', '.join(u or '-' for u in c.source_units)}" if c.source_units else ""
+    into = f" (converted into {', '.join(u or '-' for u in c.units)})" if c.factors is not None else ""
+    return f" ({rate}{said}){into}"
 
 
 # ---- the command line ------------------------------------------------------------------------------
@@ -406,7 +465,7 @@ def run_cli(args) -> int:
     stop = stop_event()
     try:
         settings, endpoint = settings_from(args)
-        bridge = LslBridge(settings, endpoint)
+        bridge = LslBridge(settings, endpoint, declared=declared_stream(getattr(args, "config", None)))
         if not isinstance(endpoint, str):     # a cluster: a refused connection is said now, not per stream
             open_link(endpoint).close()
     except (LslBridgeError, ConfigError, ConnectionError) as e:

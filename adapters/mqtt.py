@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import zmq
@@ -36,6 +36,7 @@ from .bridge import (DEFAULT_ENDPOINT, BridgeStats, BridgeThread, apply_flags, e
                      open_link, stop_event, stream_problem)
 from .link import EngineLink
 from .payload import BadPayload, decode_sample
+from .stream_units import conform, declared_stream
 
 __all__ = ["MqttSettings", "MqttBridge", "add_arguments", "run_cli"]
 
@@ -60,6 +61,8 @@ class MqttSettings:
     reconnect_min_s: float = 0.5         # reconnect delay after losing the broker, doubled on
     reconnect_max_s: float = 30.0        # every failed try up to the maximum
     drain_s: float = 1.0                 # at stop, how long answers still in flight are awaited
+    units: list = field(default_factory=list)   # the devices' channel units ("mV", ...; []: those of
+                                         # the config's [stream]): samples are converted into [stream] units
 
     def validate(self) -> MqttSettings:
         from streamtrace.engine.config import ConfigError
@@ -100,6 +103,15 @@ class MqttSettings:
             bad("reconnect_min_s", "need 0 < reconnect_min_s <= reconnect_max_s")
         if self.drain_s < 0:
             bad("drain_s", "must be >= 0")
+        from streamtrace.units import UnitError, parse_unit
+        for i, unit in enumerate(self.units):
+            try:
+                if not isinstance(unit, str):
+                    bad("units", f"must be a list of unit names (\"\": none); got {unit!r}")
+                if unit:
+                    parse_unit(unit, key=f"bridge.mqtt.units[{i}]")
+            except UnitError as e:
+                raise ConfigError(e.key, e.problem) from None
         return self
 
 
@@ -123,8 +135,9 @@ class MqttBridge(BridgeThread):
     (connects, disconnects) and publishing."""
 
     def __init__(self, settings: MqttSettings | None = None, endpoint=DEFAULT_ENDPOINT, *,
-                 ctx: zmq.Context | None = None, log=sys.stderr):
+                 ctx: zmq.Context | None = None, log=sys.stderr, declared=None):
         self.settings = (settings or MqttSettings()).validate()
+        self.units = _conversion(self.settings, declared)   # the devices' units into [stream]'s
         self.endpoint = endpoint
         self.ctx = ctx or zmq.Context.instance()
         self.log = log
@@ -161,7 +174,9 @@ class MqttBridge(BridgeThread):
         client.on_connect, client.on_disconnect = self._on_connect, self._on_disconnect
         client.on_message, client.on_subscribe = self._on_message, self._on_subscribe
         self._client, self._mqtt = client, mqtt
-        self._say(f"mqtt bridge: broker {s.host}:{s.port}, samples from {s.topic}, predictions to "
+        units = (f" (units {', '.join(u or '-' for u in self.units.source_units)} converted into "
+                 f"{', '.join(u or '-' for u in self.units.units)})" if self.units.factors is not None else "")
+        self._say(f"mqtt bridge: broker {s.host}:{s.port}, samples from {s.topic}{units}, predictions to "
                   f"{s.pred_topic}, engine {self.endpoint}")
         poller = zmq.Poller()
         poller.register(link.sock, zmq.POLLIN)
@@ -273,7 +288,11 @@ class MqttBridge(BridgeThread):
             return
         try:
             sample = decode_sample(payload, self.settings.max_payload)
-            seq = self.link.send(stream, sample.x, ts=time.time() if sample.ts is None else sample.ts, y=sample.y,
+            if self.units.factors is not None and sample.x.size != self.units.factors.size:
+                self.stats.bad_payload("channels")      # not the channels bridge.mqtt.units names
+                return
+            seq = self.link.send(stream, self.units.apply(sample.x),
+                                 ts=time.time() if sample.ts is None else sample.ts, y=sample.y,
                                  mode=sample.mode)
         except BadPayload as e:
             self.stats.bad_payload(e.reason)
@@ -362,6 +381,22 @@ class MqttBridge(BridgeThread):
             print(text, file=self.log, flush=True)
 
 
+def _conversion(settings: MqttSettings, declared):
+    """The devices' units (``settings.units``) into the declared ``[stream]`` units; a
+    ``ConfigError`` naming ``bridge.mqtt.units`` when they cannot be converted."""
+    from streamtrace.engine.config import ConfigError
+    from streamtrace.units import UnitError
+    try:
+        return conform(0.0, settings.units, declared_rate=0.0, declared_units=declared.units if declared else [],
+                       what="bridge.mqtt.units")
+    except UnitError as e:
+        raise ConfigError(e.key, e.problem) from None
+
+
+def _unit_list(text: str) -> list:
+    return [t.strip() for t in text.split(",")]
+
+
 # ---- the command line ----------------------------------------------------------------------
 FLAGS = {  # flag -> (settings field, type, help)
     "--host": ("host", str, "the broker's host (default 127.0.0.1)"),
@@ -376,6 +411,8 @@ FLAGS = {  # flag -> (settings field, type, help)
     "--format": ("format", str, "predictions as json (default) or msgpack"),
     "--client-id": ("client_id", str, "MQTT client id (default: random)"),
     "--max-payload": ("max_payload", int, "bytes; larger payloads are dropped (default 65536)"),
+    "--units": ("units", _unit_list, "the devices' channel units, comma-separated (e.g. uV,uV), converted "
+                                     "into the config's [stream] units (default: already in them)"),
 }
 
 
@@ -402,10 +439,10 @@ def run_cli(args) -> int:
     from streamtrace.engine.config import ConfigError
     try:
         settings, endpoint = settings_from(args)
+        bridge = MqttBridge(settings, endpoint, declared=declared_stream(args.config))
     except ConfigError as e:
         print("config error: " + " ".join(str(e).split()), file=sys.stderr)
         return 2
-    bridge = MqttBridge(settings, endpoint)
     try:
         bridge.run(stop_event())
     except ConnectionError as e:       # a NATS server that refused the bridge or is not there

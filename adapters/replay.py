@@ -27,8 +27,8 @@ from streamtrace.files import Table, number, timestamp
 
 from .client import EngineError, SensorClient
 
-__all__ = ["ReplayError", "Table", "Rows", "ReplayResult", "read_table", "select_rows", "replay", "write_predictions",
-           "run_cli"]
+__all__ = ["ReplayError", "Table", "Rows", "ReplayResult", "FileUnits", "read_table", "select_rows", "replay",
+           "write_predictions", "run_cli"]
 
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:5555"
 SHOWN_BAD_ROWS = 10          # bad rows listed by line; the rest are only counted
@@ -206,13 +206,15 @@ def _score(result: ReplayResult, rows: Rows, window: int):
 def replay(path: str | Path, endpoint: str = DEFAULT_ENDPOINT, *, stream: str | None = None, columns=None,
            target_columns=None, time_column: str | None = None, rate: float | None = None,
            realtime: bool = False, window: int = 1000, timeout_s: float = 60.0, progress: bool = False,
-           nats: str | None = None, creds=None, channels=None) -> ReplayResult:
+           nats: str | None = None, creds=None, channels=None, units: FileUnits | None = None) -> ReplayResult:
     """Send every good row of ``path`` to the engine at ``endpoint`` and score its answers.
     With ``target_columns`` the rows carry ``y`` (the engine must be in supervised mode).
     ``channels``: the input columns (positions among the inputs) a forecast engine predicts, its
     ``learning.channels`` (None: all of them).
     With ``nats`` (a URL), to a cluster through NATS instead (streamtrace[cluster]; ``creds``:
-    its ``Credentials``)."""
+    its ``Credentials``). With ``units`` (:class:`FileUnits`), the file's rate is checked and its
+    inputs converted into the engine's declared ``[stream]`` (inputs, predictions and scores are
+    then in those units)."""
     if rate is not None and realtime:
         raise ReplayError("choose one of --rate and --realtime")
     if realtime and not time_column:
@@ -220,6 +222,8 @@ def replay(path: str | Path, endpoint: str = DEFAULT_ENDPOINT, *, stream: str | 
     pacer = Pacer(rate, realtime)
     table = read_table(path)
     rows = select_rows(table, columns, target_columns, time_column)
+    if units is not None:
+        rows.x = units.apply(rows)
     channels = _channels(channels, rows)
     if progress and rows.note:      # said before the replay starts, where the progress goes
         print(f"replay: {rows.note}", file=sys.stderr, flush=True)
@@ -274,6 +278,40 @@ def _channels(channels, rows: Rows) -> list | None:
     return list(channels)
 
 
+@dataclass
+class FileUnits:
+    """A replayed file's input units (one per input column; [] or "": not said) against the
+    ``[stream]`` the engine's config declares (a ``StreamConfig``): ``apply`` checks the time
+    column's rate (its median step, within 1 %) and returns the inputs in the declared units.
+
+    >>> from streamtrace.engine.config import StreamConfig
+    >>> rows = Rows(["a"], [], np.array([[1500.0], [250.0]]), None, np.array([0.0, 0.004]), {})
+    >>> FileUnits(["uV"], StreamConfig(rate=250.0, units=["mV"])).apply(rows).tolist()
+    [[1.5], [0.25]]
+    """
+    units: list
+    declared: object
+
+    RATE_TOLERANCE = 0.01       # a recording's clock jitters: its median step within 1 %
+
+    def apply(self, rows: Rows) -> np.ndarray:
+        from streamtrace.units import UnitError
+        from .stream_units import conform
+        rate = 0.0
+        if rows.ts is not None:
+            steps = np.diff(rows.ts[np.isfinite(rows.ts)])
+            rate = 1.0 / float(np.median(steps)) if len(steps) and np.median(steps) > 0 else 0.0
+        if self.units and len(self.units) != len(rows.inputs):
+            raise ReplayError(f"--units names {len(self.units)} units for {len(rows.inputs)} input columns "
+                              f"{rows.inputs}")
+        try:
+            c = conform(rate, self.units, declared_rate=self.declared.rate, declared_units=self.declared.units,
+                        what="the file", tolerance=self.RATE_TOLERANCE)
+        except UnitError as e:
+            raise ReplayError(str(e)) from None
+        return c.apply(rows.x)
+
+
 # ---- command line --------------------------------------------------------------------------------
 def _engine_config(path: str) -> tuple[str, str, list]:
     """The router address, learning mode and forecast channels a config file gives the engine
@@ -284,6 +322,23 @@ def _engine_config(path: str) -> tuple[str, str, list]:
     except ConfigError as e:
         raise ReplayError(f"--serve {path}: " + " ".join(str(e).removeprefix(f"--config: {path}: ").split())) from None
     return cfg.sockets.router, cfg.learning.mode, list(cfg.learning.channels)
+
+
+def _file_units(args) -> FileUnits | None:
+    """--units against the [stream] of --serve's config (its rate checked too, with a time column)."""
+    from streamtrace.engine.config import ConfigError
+
+    from .stream_units import declared_stream
+    if args.units and not args.serve:
+        raise ReplayError("--units converts the file into the [stream] units of an engine's config: give --serve "
+                          "CONFIG")
+    if not args.serve:
+        return None
+    try:
+        declared = declared_stream(args.serve)
+    except ConfigError as e:
+        raise ReplayError(f"--serve {args.serve}: {e}") from None
+    return FileUnits([u.strip() for u in args.units.split(",")] if args.units else [], declared)
 
 
 def _report(r: ReplayResult) -> str:
@@ -335,6 +390,7 @@ def run_cli(args) -> int:
         if stray_credential(args):
             raise ReplayError(f"{stray_credential(args)} is a NATS option: it needs --nats URL")
         endpoint, channels = args.endpoint or DEFAULT_ENDPOINT, args.channels
+        units = _file_units(args)      # refused before an engine starts
         if args.serve:
             router, mode, served = _engine_config(args.serve)
             channels = channels or served
@@ -351,7 +407,8 @@ def run_cli(args) -> int:
         r = replay(args.file, endpoint, stream=args.stream, columns=files.split_names(args.columns),
                    target_columns=files.split_names(args.target_columns), time_column=args.time_column, rate=args.rate,
                    realtime=args.realtime, window=args.window, timeout_s=args.timeout, progress=True,
-                   nats=args.nats, creds=credentials(args) if args.nats else None, channels=channels)
+                   nats=args.nats, creds=credentials(args) if args.nats else None, channels=channels,
+                   units=units)
     except (ReplayError, ConnectionError) as e:      # ConnectionError: a NATS server refused or absent
         print(f"replay: {e}", file=sys.stderr)
         return 2

@@ -87,6 +87,20 @@ def positive_float(text: str) -> float:
     return _number(float, text, "a number > 0", lambda v: v > 0)
 
 
+def frequency(text: str) -> float:
+    """A rate > 0 in hertz: a number, or a frequency such as "250 Hz" or "2 kHz" (argparse type;
+    streamtrace.units). Example: ``frequency("2 kHz")`` is 2000.0."""
+    from .units import UnitError, to_hz
+    try:
+        hz = to_hz(text, key="")
+    except UnitError as e:
+        raise argparse.ArgumentTypeError(f"expected a number > 0 or a frequency such as '250 Hz'; got {text!r} "
+                                         f"({e.problem})") from None
+    if not (math.isfinite(hz) and hz > 0):
+        raise argparse.ArgumentTypeError(f"expected a number > 0 or a frequency such as '250 Hz'; got {text!r}")
+    return hz
+
+
 def nonnegative_float(text: str) -> float:
     """A finite number >= 0 (argparse type). Example: ``nonnegative_float("0")`` is 0.0."""
     return _number(float, text, "a number >= 0", lambda v: v >= 0)

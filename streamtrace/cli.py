@@ -24,8 +24,8 @@ import importlib
 import sys
 
 from . import __version__
-from .arguments import (STACK_CHOICES, Parser, existing_file, index_list, nonnegative_float, nonnegative_int,
-                        output_file, port, positive_float, positive_int)
+from .arguments import (STACK_CHOICES, Parser, existing_file, frequency, index_list, nonnegative_float,
+                        nonnegative_int, output_file, port, positive_float, positive_int)
 from .dashboard.command import add_parser as add_dashboard_parser, listen_address
 from .export.cli import add_parser as add_export_parser
 
@@ -180,8 +180,8 @@ def _replay_parser(sub):
                    help="the inputs (positions among them) a forecast engine predicts, its learning.channels "
                    "(default: those of --serve's config, else all)")
     pace = p.add_mutually_exclusive_group()
-    pace.add_argument("--rate", type=positive_float, default=None,
-                      help="rows per second (default: as fast as possible)")
+    pace.add_argument("--rate", type=frequency, default=None,
+                      help="rows per second: a number or a frequency such as '250 Hz' (default: as fast as possible)")
     pace.add_argument("--realtime", action="store_true", help="pace by the time column's steps")
     p.add_argument("--window", type=nonnegative_int, default=1000,
                    help="score the last W steps, as evaluate does (0: all)")
@@ -192,6 +192,8 @@ def _replay_parser(sub):
                    help="write every prediction with its row (.csv, or .npy; default '': none)")
     p.add_argument("--serve", type=existing_file, default=None, metavar="CONFIG",
                    help="start an engine with this TOML config for the replay, and stop it afterwards (default: none)")
+    p.add_argument("--units", default=None, help="the input columns' units, comma-separated (e.g. uV,uV), "
+                   "converted into the [stream] units of --serve's config (default: already in them)")
     p.set_defaults(func=_run)
 
 

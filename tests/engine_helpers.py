@@ -126,9 +126,30 @@ def run_client(endpoint: str, proc_index: int, per_proc: int, steps: int, window
              errors=np.array(json.dumps(errors)), unexpected=np.array(json.dumps(unexpected)))
 
 
+def fake_engine():
+    """A ROUTER standing in for the engine, for what a bridge forwards: ``(socket, endpoint,
+    received)``; ``received(n)`` reads up to ``n`` data messages off the wire, their ``x`` as rows."""
+    import zmq
+
+    from streamtrace import wire
+    sock = zmq.Context.instance().socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    port = sock.bind_to_random_port("tcp://127.0.0.1")
+
+    def received(n, timeout=20.0):
+        rows, end = [], time.monotonic() + timeout
+        while len(rows) < n and time.monotonic() < end:
+            if sock.poll(100):
+                msg = wire.decode(sock.recv_multipart()[-1])
+                rows.append(wire.unpack_array(msg["x"]).astype(np.float64))
+        return np.array(rows)
+    return sock, f"tcp://127.0.0.1:{port}", received
+
+
 if __name__ == "__main__":
     if len(sys.argv) != 8 or sys.argv[1] != "client":
         sys.exit("usage: engine_helpers.py client ENDPOINT PROC_INDEX PER_PROC STEPS WINDOW OUT.npz")
     t0 = time.perf_counter()
     run_client(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]), sys.argv[7])
     print(f"client {sys.argv[3]} done in {time.perf_counter() - t0:.1f}s", flush=True)
+

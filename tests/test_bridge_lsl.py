@@ -9,6 +9,7 @@ bridge's stats file written by the CLI process.
 from __future__ import annotations
 
 import json
+import re
 import os
 import signal
 import subprocess
@@ -26,7 +27,7 @@ import pytest
 os.environ.setdefault("LSLAPICFG", str(Path(__file__).with_name("lsl_api.cfg")))
 pylsl = pytest.importorskip("pylsl")
 
-from engine_helpers import running_engine  # noqa: E402
+from engine_helpers import fake_engine, running_engine  # noqa: E402
 from streamtrace.adapters import SensorClient  # noqa: E402
 from streamtrace.adapters.lsl import (ENGINE_SILENT_S, LslBridge, LslBridgeError, LslSettings,  # noqa: E402
                                       settings_from)
@@ -271,3 +272,99 @@ def test_cli_bridge_stops_on_sigterm_and_writes_its_stats(engine, tmp_path):
     assert k >= 20 and stats["forwarded"] == stats["answered"] == stats["published"] == k
     assert stats["streams"][f"cli-{name}"]["prediction_outlet"] == f"{name}-pred"
     assert f"lsl bridge: {k} samples received, {k} forwarded, {k} answered, {k} predictions published" in err
+
+
+# ---- rate and units from the outlet's stream info ([stream] of the serve config) -------------------
+def unit_outlet(name: str, units, srate: float = 100.0):
+    """An outlet declaring its channels' units the way LSL / XDF metadata does."""
+    info = pylsl.StreamInfo(name, "EEG", len(units), srate, pylsl.cf_float32, f"src-{name}")
+    chans = info.desc().append_child("channels")
+    for i, unit in enumerate(units):
+        ch = chans.append_child("channel")
+        ch.append_child_value("label", f"C{i}")
+        ch.append_child_value("unit", unit)
+    return pylsl.StreamOutlet(info)
+
+
+def test_samples_in_the_outlets_units_are_forwarded_in_the_declared_units():
+    from streamtrace.engine.config import StreamConfig
+    name = unique("uv")
+    outlet = unit_outlet(name, ["microvolts", "microvolts"])
+    sock, endpoint, received = fake_engine()
+    declared = StreamConfig(rate=100.0, units=["mV", "V"])
+    bridge = LslBridge(LslSettings(name=name, wait_s=10), endpoint, declared=declared).start()
+    try:
+        assert bridge.ready.wait(15)
+        rows = np.array([[2500.0, 1e6], [-1250.0, 5e5], [0.0, -2e6]], np.float32)   # microvolts
+        outlet.push_chunk(rows)
+        got = received(3)
+    finally:
+        bridge.stop()
+        sock.close()
+    # by hand: 2500 uV = 2.5 mV; 1e6 uV = 1 V
+    np.testing.assert_array_equal(got, [[2.5, 1.0], [-1.25, 0.5], [0.0, -2.0]])
+    st = bridge.streams[f"src-{name}"].summary()
+    assert (st["rate_hz"], st["units"], st["forwarded_units"]) == (100.0, ["microvolts"] * 2, ["mV", "V"])
+
+
+def test_without_a_declaration_the_outlets_rate_and_units_are_reported_and_values_kept():
+    name = unique("keep")
+    outlet = unit_outlet(name, ["mV", ""], srate=250.0)
+    sock, endpoint, received = fake_engine()
+    bridge = LslBridge(LslSettings(name=name, wait_s=10), endpoint).start()
+    try:
+        assert bridge.ready.wait(15)
+        outlet.push_sample([1.5, -3.0])
+        got = received(1)
+    finally:
+        bridge.stop()
+        sock.close()
+    np.testing.assert_array_equal(got, [[1.5, -3.0]])
+    st = bridge.streams[f"src-{name}"].summary()
+    assert (st["rate_hz"], st["units"], st["forwarded_units"]) == (250.0, ["mV", ""], ["mV", ""])
+
+
+@pytest.mark.parametrize("units,srate,declared,words", [
+    (["mV", "mV"], 500.0, (100.0, []), "samples at 500 Hz; the config's stream.rate is 100 Hz"),
+    (["mV", "A"], 100.0, (100.0, ["mV", "V"]), "channel 1: 'A' is a current, 'V' is a voltage"),
+    (["mV", "mV", "mV"], 100.0, (0.0, ["mV", "mV"]), "has 3 channels; stream.units declares 2"),
+])
+def test_a_stream_whose_rate_or_units_cannot_match_the_config_is_refused(units, srate, declared, words):
+    from streamtrace.engine.config import StreamConfig
+    name = unique("mismatch")
+    outlet = unit_outlet(name, units, srate)   # noqa: F841 - kept alive while resolving
+    bridge = LslBridge(LslSettings(name=name, wait_s=10), "ipc:///tmp/st-no-engine-here",
+                       declared=StreamConfig(rate=declared[0], units=declared[1]))
+    with pytest.raises(LslBridgeError, match=re.escape(words)):
+        bridge.run(threading.Event())
+    assert bridge.stats.bad["units"] == 1 and bridge.stats.forwarded == 0
+
+
+def test_the_prediction_outlet_declares_the_forwarded_units(engine):
+    from streamtrace.engine.config import StreamConfig
+    name = unique("predunits")
+    outlet = unit_outlet(name, ["microvolts", "microvolts"])
+    bridge = LslBridge(LslSettings(name=name, wait_s=10), engine["router"],
+                       declared=StreamConfig(rate=100.0, units=["mV", "mV"])).start()
+    try:
+        assert bridge.ready.wait(15)
+        outlet.push_sample([100.0, 200.0])
+        _, info = pred_inlet(name)
+        full = pylsl.StreamInlet(info)
+        desc = full.info(10).desc()
+    finally:
+        bridge.stop()
+    ch, seen = desc.child("channels").child("channel"), []
+    while not ch.empty():
+        seen.append((ch.child_value("label"), ch.child_value("unit")))
+        ch = ch.next_sibling()
+    assert seen == [("C0", "mV"), ("C1", "mV")]
+
+
+def test_the_cli_reads_stream_from_the_config_and_refuses_a_bad_one(tmp_path):
+    cfg = tmp_path / "bridge.toml"
+    cfg.write_text('[stream]\nrate = "2 s"\n[bridge.lsl]\nname = "eeg"\n')
+    r = subprocess.run([sys.executable, "-m", "streamtrace", "bridge", "lsl", "--config", str(cfg)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.strip() == "bridge lsl: stream.rate: '2 s' is a duration; a frequency is needed (e.g. '250 Hz')"

@@ -25,7 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
-from engine_helpers import running_engine
+from engine_helpers import fake_engine, running_engine
 from mqtt_broker import Broker, BrokerMissing, free_port
 from streamtrace import wire
 from streamtrace.adapters import SensorClient
@@ -468,3 +468,63 @@ def test_any_payload_is_a_finite_sample_or_a_counted_reason(raw):
     assert s.x.ndim >= 1 and s.x.size > 0 and np.all(np.isfinite(s.x))
     assert s.y is None or (s.y.size > 0 and np.all(np.isfinite(s.y)))
     assert s.ts is None or math.isfinite(s.ts)
+
+
+# ---- the devices' units ([bridge.mqtt] units) into the serve config's [stream] units ---------------
+def test_samples_in_the_devices_units_reach_the_engine_in_the_declared_units(broker):
+    from streamtrace.engine.config import StreamConfig
+    sock, endpoint, received = fake_engine()
+    settings = MqttSettings(port=broker.port, qos=1, units=["microvolts", "mV"])
+    br = MqttBridge(settings, endpoint, log=None, declared=StreamConfig(units=["mV", "V"])).start()
+    dev = Device(broker.port, subscribe=())
+    try:
+        assert br.connected.wait(15), "the bridge did not subscribe"
+        dev.publish("sensors/units1/data", {"x": [2500.0, 1500.0]})
+        dev.publish("sensors/units1/data", [7.0])                 # one value: not the two channels declared
+        dev.publish("sensors/units1/data", [-1250, 250])
+        got = received(2)
+        wait_for(lambda: br.stats.received == 3, what="three payloads")
+    finally:
+        dev.close()
+        br.stop()
+        sock.close()
+    # by hand: 2500 uV = 2.5 mV, 1500 mV = 1.5 V
+    np.testing.assert_allclose(got, [[2.5, 1.5], [-1.25, 0.25]], rtol=1e-15)
+    assert dict(br.stats.bad) == {"channels": 1} and br.stats.forwarded == 2
+
+
+def test_without_device_units_samples_go_as_they_are(broker):
+    from streamtrace.engine.config import StreamConfig
+    sock, endpoint, received = fake_engine()
+    br = MqttBridge(MqttSettings(port=broker.port, qos=1), endpoint, log=None,
+                    declared=StreamConfig(rate=250.0, units=["mV"])).start()
+    dev = Device(broker.port, subscribe=())
+    try:
+        assert br.connected.wait(15), "the bridge did not subscribe"
+        dev.publish("sensors/units2/data", [3.25])
+        got = received(1)
+    finally:
+        dev.close()
+        br.stop()
+        sock.close()
+    np.testing.assert_array_equal(got, [[3.25]])
+
+
+@pytest.mark.parametrize("units,declared,match", [
+    (["A"], ["V"], r"bridge.mqtt.units, channel 0: 'A' is a current, 'V' is a voltage"),
+    (["mV", "mV"], ["V"], r"bridge.mqtt.units: has 2 channels; stream.units declares 1"),
+    (["bananas"], [], r"bridge.mqtt.units\[0\]: 'bananas' is not a unit"),
+])
+def test_device_units_that_cannot_be_converted_are_refused_naming_the_key(units, declared, match):
+    from streamtrace.engine.config import StreamConfig
+    with pytest.raises(ConfigError, match=match):
+        MqttBridge(MqttSettings(units=units), log=None, declared=StreamConfig(units=declared))
+
+
+def test_the_cli_takes_units_from_the_flag_and_stream_from_the_config(tmp_path):
+    cfg = write_config(tmp_path / "c.toml", {"stream": {"units": ["V"]}, "bridge.mqtt": {"units": ["uV"]}})
+    r = subprocess.run([sys.executable, "-m", "streamtrace", "bridge", "mqtt", "--config", str(cfg),
+                        "--units", "s"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.strip() == ("config error: bridge.mqtt.units, channel 0: 's' is a duration, 'V' is a voltage: "
+                                "they cannot be converted")

@@ -254,3 +254,40 @@ def test_parquet_without_pyarrow_says_what_to_install(tmp_path):
         read_table(tmp_path / "f.parquet")
     with pytest.raises(TaskError, match="pip install pyarrow"):     # `streamtrace evaluate f.parquet` too
         load_file(tmp_path / "f.parquet")
+
+
+# ---- units: the file's rate and input units against the [stream] of --serve's config --------------
+def test_file_units_convert_the_inputs_and_check_the_time_columns_rate(tmp_path):
+    from streamtrace.adapters.replay import FileUnits
+    from streamtrace.engine.config import StreamConfig
+    write_csv(tmp_path / "f.csv", rows=20, bad=None)          # t steps 0.01 s: 100 Hz
+    rows = select_rows(read_table(tmp_path / "f.csv"), ["a", "b"], None, "t")
+    x = FileUnits(["mV", "uV"], StreamConfig(rate=100.0, units=["V", "mV"])).apply(rows)
+    np.testing.assert_allclose(x, rows.x * [1e-3, 1e-3], rtol=1e-15)     # by hand: mV -> V, uV -> mV
+    with pytest.raises(ReplayError, match=r"the file: samples at 100 Hz; the config's stream.rate is 250 Hz"):
+        FileUnits([], StreamConfig(rate=250.0)).apply(rows)
+    with pytest.raises(ReplayError, match=r"--units names 1 units for 2 input columns"):
+        FileUnits(["mV"], StreamConfig(units=["V", "V"])).apply(rows)
+    with pytest.raises(ReplayError, match=r"channel 1: 's' is a duration, 'mV' is a voltage"):
+        FileUnits(["V", "s"], StreamConfig(units=["V", "mV"])).apply(rows)
+
+
+@pytest.mark.parametrize("extra,words", [
+    (["--units", "mV,mV"], "--units converts the file into the [stream] units of an engine's config: give --serve"),
+    (["--serve", "{cfg}", "--time-column", "t"], "the file: samples at 100 Hz; the config's stream.rate is 250 Hz"),
+])
+def test_the_cli_refuses_units_and_rates_that_do_not_fit_before_an_engine_starts(tmp_path, capsys, extra, words):
+    write_csv(tmp_path / "f.csv", rows=20, bad=None)
+    cfg = write_config(tmp_path / "c.toml", {"stream": {"rate": "250 Hz"}})
+    rc = main(["replay", str(tmp_path / "f.csv"), "--endpoint", f"ipc://{tmp_path}/none", "--timeout", "0.3",
+               "--columns", "a,b"] + [e.format(cfg=cfg) for e in extra])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.strip() == "replay: " + words + err.strip().partition(words)[2], err
+
+
+def test_a_rate_may_be_a_frequency(capsys):
+    from streamtrace.arguments import frequency
+    assert (frequency("2 kHz"), frequency("40"), frequency("0.5 Hz")) == (2000.0, 40.0, 0.5)
+    assert main(["replay", "f.csv", "--rate", "2 s"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--rate" in err[0] and "'2 s' is a duration" in err[0], err

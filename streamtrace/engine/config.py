@@ -9,7 +9,9 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
-__all__ = ["EngineConfig", "load_config", "ConfigError"]
+from .quantities import QUANTITY_KEYS
+
+__all__ = ["EngineConfig", "load_config", "ConfigError", "stream_section"]
 
 
 class ConfigError(ValueError):
@@ -21,6 +23,14 @@ class ConfigError(ValueError):
     def __init__(self, key: str, problem: str | None = None):
         self.key = key if problem is not None else ""
         super().__init__(key if problem is None else f"{key}: {problem}")
+
+
+@dataclass
+class StreamConfig:              # [stream]: what every stream served sends (engine/quantities.py)
+    rate: float = 0.0            # samples per second, a number or "250 Hz" (0: not declared); converts
+                                 # the durations other keys are given in ("20 ms") into steps
+    units: list = field(default_factory=list)   # one unit per input channel ("V", "mV", "": none;
+                                 # []: not declared): the unit of ranges written as quantities
 
 
 @dataclass
@@ -211,6 +221,7 @@ class MetricsConfig:
 
 @dataclass
 class EngineConfig:
+    stream: StreamConfig = field(default_factory=StreamConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     reservoir: ReservoirConfig = field(default_factory=ReservoirConfig)
     signal: InputTransformConfig = field(default_factory=InputTransformConfig)
@@ -231,7 +242,9 @@ class EngineConfig:
     def validate(self) -> "EngineConfig":
         """Every value on its own and against the others; what needs the machine (files,
         ports, CPUs, the factory's module) is checked by ``engine.preflight``. Sections in a
-        fixed order: with several bad values, the first one found is the one named."""
+        fixed order: with several bad values, the first one found is the one named. Quantities
+        (``"20 ms"``, ``"250 Hz"``) are converted first (``engine.quantities``)."""
+        self._resolve_quantities()
         self._validate_model()
         self._validate_learning()
         self._validate_labels()
@@ -242,6 +255,18 @@ class EngineConfig:
         self._validate_security()
         self._validate_metrics()
         return self
+
+    def _resolve_quantities(self):
+        from ..units import UnitError
+        from .quantities import resolve
+        try:
+            resolve(self)
+        except UnitError as e:
+            raise ConfigError(e.key, e.problem) from None
+        n = len(self.stream.units)
+        if n and n != self.model.n_in:
+            raise ConfigError("stream.units", f"gives {n} units for model.n_in = {self.model.n_in} input "
+                              "channels: one per channel (\"\" for one without a unit)")
 
     def _validate_model(self):
         m = self.model
@@ -568,6 +593,9 @@ def _fill(obj, data: dict, where: str):
             _fill(current, value, f"{where}{key}.")
             continue
         want = type(current)
+        if isinstance(value, str) and want in (int, float) and f"{where}{key}" in QUANTITY_KEYS:
+            setattr(obj, key, value)     # a quantity ("20 ms"): converted by validate()
+            continue
         if want is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         if want is list and isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -596,6 +624,23 @@ def fill_section(obj, data: dict, where: str):
         raise ConfigError(where.rstrip("."), f"must be a table ([{where.rstrip('.')}]); got {data!r}")
     _fill(obj, data, where)
     return obj
+
+
+def stream_section(data: dict) -> StreamConfig:
+    """``[stream]`` of a parsed TOML ``data`` (absent: nothing declared), its rate in hertz and its
+    units checked; a bad value is a ``ConfigError`` naming the key. What the bridges read of the
+    serve config (the engine reads it with the rest, in ``load_config``).
+
+    >>> stream_section({"stream": {"rate": "2 kHz", "units": ["mV"]}})
+    StreamConfig(rate=2000.0, units=['mV'])
+    """
+    from ..units import UnitError
+    from .quantities import resolve_stream
+    stream = fill_section(StreamConfig(), data.get("stream", {}), "stream.")
+    try:
+        return resolve_stream(stream)
+    except UnitError as e:
+        raise ConfigError(e.key, e.problem) from None
 
 
 def load_config(path: str | Path | None = None, overrides: dict | None = None) -> EngineConfig:
