@@ -23,7 +23,7 @@ from streamtrace.demo import two_tone
 from streamtrace.launch import start_engine, stop, write_config
 from streamtrace.engine import load_config
 from streamtrace.engine.core import EngineCore
-from streamtrace.learner import checkpoint as checkpoint_module
+from streamtrace import checkpoints as checkpoint_module     # the format alone: numpy only
 from streamtrace.learner.checkpoint import CheckpointDir, read_checkpoint
 
 RESUMED = re.compile(r"resumed from (\S+) at step (\d+)")
@@ -247,7 +247,7 @@ WRITER = textwrap.dedent('''
     import numpy as np
     spec = importlib.util.spec_from_file_location("ckpt", sys.argv[1])
     m = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(m)                   # checkpoint.py alone: no jax, a fast start
+    spec.loader.exec_module(m)                   # checkpoints.py alone: no jax, a fast start
     folder, step = m.CheckpointDir(sys.argv[2], keep=3), int(sys.argv[3])
     arrays = {"w": np.random.default_rng(step).normal(size=1 << 19).astype(np.float32), "n": np.zeros(1)}
     print("ready", flush=True)
