@@ -47,6 +47,19 @@ def running_engine(folder: Path, sections: dict, *, name: str = "engine"):
             shutil.rmtree(sock_dir, ignore_errors=True)
 
 
+def answers(core, msgs) -> list:
+    """An in-process ``EngineCore``'s decoded replies to the raw messages ``msgs``, each run to
+    completion before the next."""
+    from streamtrace import wire
+    got = []
+    for raw in msgs:
+        outs = core.ingest(raw, b"o")
+        while core.has_pending():
+            outs += core.tick()
+        got += [wire.decode(r) for kind, _, r in outs if kind == "reply"]
+    return got
+
+
 def stop_gracefully(proc, timeout: float = 30.0) -> int:
     """SIGTERM and wait: the engine drains, writes its final checkpoint and exits."""
     proc.terminate()

@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 import pytest
+from engine_helpers import answers
 
 from streamtrace import wire
 from streamtrace.engine import load_config
@@ -29,14 +30,6 @@ def data(stream, seq, x, **fields):
     return wire.encode({"type": "data", "stream": stream, "seq": seq, "x": wire.pack_array(x), **fields})
 
 
-def answers(core, msgs):
-    got = []
-    for raw in msgs:
-        outs = core.ingest(raw, b"o")
-        while core.has_pending():
-            outs += core.tick()
-        got += [wire.decode(r) for kind, _, r in outs if kind == "reply"]
-    return got
 
 
 # ---- the reply encoder and the data checks ------------------------------------------------------

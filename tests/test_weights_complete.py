@@ -6,6 +6,7 @@ which stream."""
 from __future__ import annotations
 
 import numpy as np
+from engine_helpers import answers
 
 from streamtrace import wire
 from streamtrace.engine import load_config
@@ -26,14 +27,6 @@ def _msg(stream, seq, x, y):
                         "y": wire.pack_array(y)})
 
 
-def _replies(core, raws):
-    out = []
-    for raw in raws:
-        got = core.ingest(raw, b"o")
-        while core.has_pending():
-            got += core.tick()
-        out += [wire.decode(r) for kind, _, r in got if kind == "reply"]
-    return out
 
 
 def _with_snapshot(fresh: dict, running: dict, snap: dict, use_state: bool) -> dict:
@@ -59,13 +52,13 @@ def test_a_snapshot_carries_everything_that_predicts():
     xs = rng.normal(size=(2, 61, 2))
     ys = np.sin(xs.sum(-1, keepdims=True))
     names = ["s-a", "s-b"]
-    _replies(core, [_msg(n, t, xs[i, t], ys[i, t]) for t in range(60) for i, n in enumerate(names)])
+    answers(core, [_msg(n, t, xs[i, t], ys[i, t]) for t in range(60) for i, n in enumerate(names)])
     snap = wire.decode(core.weights_message("snapshot"))
     assert {"readout.W", "readout.err", "signal.x.mean", "combine.L"} <= set(snap["state"])
     assert "readout.P" not in snap["state"]
     assert sorted(snap["streams"]) == names and sorted(snap["streams"].values()) == [0, 1]
     running = core.learner.state_dict()
-    last = _replies(core, [_msg(n, 60, xs[i, 60], ys[i, 60]) for i, n in enumerate(names)])
+    last = answers(core, [_msg(n, 60, xs[i, 60], ys[i, 60]) for i, n in enumerate(names)])
     want = np.array([wire.unpack_array(r["pred"]) for r in last])
 
     def predicted(use_state):
@@ -82,9 +75,9 @@ def test_a_snapshot_carries_everything_that_predicts():
 def test_an_update_carries_the_predicting_state_that_moved():
     core = EngineCore(load_config(None, SECTIONS))
     x, y = np.ones(2), np.ones(1)
-    _replies(core, [_msg("s", t, x * t, y * t) for t in range(10)])
+    answers(core, [_msg("s", t, x * t, y * t) for t in range(10)])
     core.weights_message("snapshot")
-    _replies(core, [_msg("s", t, x * t, y * t) for t in range(10, 15)])
+    answers(core, [_msg("s", t, x * t, y * t) for t in range(10, 15)])
     upd = wire.decode(core.weights_message("update"))
     assert upd["kind"] == "update" and "readout.W" in upd["state"] and upd["streams"] == {"s": 0}
     assert "signal.x.mean" in upd["state"]
