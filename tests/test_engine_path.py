@@ -30,8 +30,6 @@ def data(stream, seq, x, **fields):
     return wire.encode({"type": "data", "stream": stream, "seq": seq, "x": wire.pack_array(x), **fields})
 
 
-
-
 # ---- the reply encoder and the data checks ------------------------------------------------------
 @pytest.mark.parametrize("pred", [np.float32([1.5]), np.arange(6.0).reshape(2, 3), np.float32([1, 2, 3]).astype(">f4"),
                                   np.arange(12, dtype=np.float32).reshape(3, 4)[:, 1], np.zeros((0,), np.float32)])
