@@ -39,6 +39,18 @@ class NpPeriod:
                          for p in range(1, self.P + 1)])
 
 
+    def seasons(self, threshold=0.3, share=0.5, margin=0.1, prominence=0.3):
+        """(first, second): the rules of the module's docstring, written out."""
+        r = self.r()
+        cand = [p for p in range(2, self.P) if r[p - 1] >= r[p - 2] and r[p - 1] >= r[p] and r[p - 1] > threshold
+                and r[p - 1] - min(r[:p]) > prominence and len(self.d) - p >= p]
+        if not cand:
+            return 0, 0
+        best = max(cand, key=lambda p: (r[p - 1], -p))
+        first = next(p for p in cand if r[p - 1] >= share * r[best - 1])
+        return first, best if best != first and r[best - 1] > r[first - 1] + margin else 0
+
+
 def _detect(y, max_period, window=500):
     """The jax detector run over y (T, C) on one slot: (first, second) per channel and r."""
     step = jax.jit(pd.update, static_argnums=3)
@@ -59,6 +71,22 @@ def test_autocorrelation_equals_numpy():
         for v in y[:, ch]:
             ref.update(v)
         np.testing.assert_allclose(r[:, ch], ref.r(), rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_seasons_follow_the_rules(seed):
+    """The reported seasons against numpy's reading of the rules, on mixed seasonal series."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(260)
+    y = np.stack([np.sin(2 * np.pi * t / rng.integers(4, 14)) * rng.uniform(0, 2) +
+                  np.sin(2 * np.pi * t / rng.integers(14, 30)) * rng.uniform(0, 2) +
+                  rng.uniform(0.1, 1.0) * rng.standard_normal(260) for _ in range(4)], 1)
+    first, second, _ = _detect(y, 36, window=100)
+    for ch in range(4):
+        ref = NpPeriod(36, 100)
+        for v in y[:, ch]:
+            ref.update(v)
+        assert (first[ch], second[ch]) == ref.seasons()
 
 
 def _monthly(n, rng, period=12, noise=0.3, trend=0.05):
