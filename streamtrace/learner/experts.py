@@ -7,11 +7,14 @@ experts' predictions of the next target y_t:
     persistence   the last target, y_{t-1}
     mean          a running mean of the targets (1/n while n < window, then an exponential
                   average with rate 1/window)
-    seasonal      y_{t-period}, when ``period`` is set (a ring buffer of ``period`` targets);
+    seasonal      y_{t-period}, when ``period`` is set (a ring buffer of past targets);
                   with ``max_period`` instead, the period is detected online (learner/period.py:
                   an autocorrelation over a bounded memory, per channel, past data only) and
                   the seasonal expert uses the longer of the (one or two) seasons found; where
                   none is found it cannot predict (no weight)
+    linear        with a period (set or detected): recursive least squares with forgetting on
+                  the last values and the seasonal lags (learner/lagged_rls.py; persistence
+                  until it has learnt, the seasonal naive forecast with drift within reach)
 
 weighted by their recent prequential losses with the exponentially weighted average
 forecaster (EWA, Vovk; Littlestone & Warmuth's weighted majority for real predictions):
@@ -47,19 +50,20 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from . import lagged_rls
 from . import period as seasons
 
 __all__ = ["Experts", "experts", "EXPERTS"]
 
-EXPERTS = ("model", "persistence", "mean", "seasonal")
+EXPERTS = ("model", "persistence", "mean", "seasonal", "linear")
 
 
 class Experts:
     """The combiner (see the module docstring). ``forecast`` and ``supervised`` are the two ways
     the learner's step calls it; state per slot: ``L`` (N, K, C) discounted losses, ``n``
     targets seen, ``last``, ``mean``, ``var`` (N, C), ``model`` (N, C) the model's pending
-    forecast, ``ring`` (N, period, C) with a period, ``season`` (learner/period.py's state) when
-    detecting it.
+    forecast; with a period ``linear`` (learner/lagged_rls.py's state: its ring of targets serves
+    the seasonal expert too) and, when detecting it, ``season`` (learner/period.py's state).
 
     Example::
 
@@ -86,9 +90,10 @@ class Experts:
         if not (isinstance(clip, (int, float)) and clip > 0 and clip < float("inf")):
             raise ValueError(f"experts: clip (the loss bound B) must be a finite number > 0; got {clip!r}")
         self.detect = bool(max_period)
-        self.period = period or max_period        # the ring's length
+        self.period = period or max_period        # the longest season
         self.eta, self.window, self.clip = float(eta), window, float(clip)
         self.names = EXPERTS if self.period else EXPERTS[:3]
+        self.lam = 0.995            # the linear expert's forgetting
 
     def describe(self) -> dict:
         return {"kind": self.name, "experts": list(self.names), "period": None if self.detect else self.period,
@@ -99,22 +104,30 @@ class Experts:
         z = jnp.zeros((n, n_out), dtype)
         state = {"L": jnp.zeros((n, len(self.names), n_out), dtype), "n": jnp.zeros(n, jnp.int32),
                  "last": z, "mean": z, "var": z, "model": z}
-        if self.period:
-            state["ring"] = jnp.zeros((n, self.period, n_out), dtype)
         if self.detect:     # the period detector over lags 1..max_period
             state["season"] = seasons.init(n, n_out, self.period, dtype)
+        if self.period:     # the linear expert (its ring of targets reaches a season and 2 more steps back)
+            state["linear"] = lagged_rls.init(n, n_out, self.period + 2, dtype)
         return state
+
+    def _seasons(self, s):
+        """(N, C) the season the seasonal expert uses and the other one found (0: none)."""
+        if not self.detect:
+            p = jnp.full(s["last"].shape, self.period, jnp.int32)
+            return p, jnp.zeros_like(p)
+        first, second = seasons.periods(s["season"])
+        return jnp.where(second > 0, second, first), jnp.where(second > 0, first, 0)
+
+    def _linear(self, s):
+        """The linear expert's regressors (N, C, D) for the next target."""
+        p, q = self._seasons(s)
+        return lagged_rls.features(s["linear"], p, q, s["mean"])
 
     def _seasonal(self, s):
         """The seasonal naive forecast (N, C) and (N, C) whether it exists: y_{t-period}, or with a
         detected period y_{t-p}, p the longer season found so far (per channel)."""
-        if not self.detect:
-            hot = jnp.arange(self.period)[None, :] == (s["n"] % self.period)[:, None]
-            return jnp.sum(jnp.where(hot[..., None], s["ring"], 0), axis=1), (s["n"] >= self.period)[:, None]
-        first, second = seasons.periods(s["season"])
-        p = jnp.where(second > 0, second, first)                                 # (N, C)
-        idx = (s["n"][:, None] - jnp.maximum(p, 1)) % self.period
-        return jnp.take_along_axis(s["ring"], idx[:, None, :], axis=1)[:, 0], p > 0
+        p, _ = self._seasons(s)
+        return lagged_rls.back(s["linear"], jnp.maximum(p, 1)), (p > 0) & (s["n"][:, None] >= p)
 
     # ---- the experts and their mixture ------------------------------------------------------
     def _experts(self, s, model):
@@ -124,8 +137,8 @@ class Experts:
         avail = [jnp.isfinite(jnp.sum(model, axis=-1))[:, None], n >= 1, n >= 1]
         if self.period:
             seasonal, has = self._seasonal(s)
-            preds.append(seasonal)
-            avail.append(has)
+            preds += [seasonal, lagged_rls.predict(s["linear"], self._linear(s))]
+            avail += [has, n >= 3]
         avail = jnp.stack([jnp.broadcast_to(a, model.shape) for a in avail], axis=1)
         return jnp.stack(preds, axis=1), avail
 
@@ -162,8 +175,7 @@ class Experts:
         if self.detect:
             new["season"] = seasons.update(s["season"], y, ok, self.window)
         if self.period:
-            hot = (jnp.arange(self.period)[None, :] == (s["n"] % self.period)[:, None]) & ok[:, None]
-            new["ring"] = jnp.where(hot[..., None], y[:, None, :], s["ring"])
+            new["linear"] = lagged_rls.update(s["linear"], self._linear(s), y, ok, self.lam, self.window)
         return new
 
     # ---- the two ways a step uses it ---------------------------------------------------------
