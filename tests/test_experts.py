@@ -13,6 +13,7 @@ from streamtrace.engine import load_config
 from streamtrace.engine.build import build_learner
 from streamtrace.learner import OnlineLearner, experts
 from streamtrace.nn import Stack
+from test_lagged_rls import NpRLS  # numpy oracle of the linear expert
 from test_period import NpPeriod  # numpy oracle of the period detector
 
 ETA, WINDOW, CLIP = 3.0, 40, 4.0
@@ -24,26 +25,35 @@ def np_mixture(model, targets, *, forecast, period=None, eta=ETA, window=WINDOW,
     max_period: detect the period (numpy's learner/period.py, test_period.NpPeriod).
     Returns the mixture's predictions (T, C) and the discounted losses (K, C) at the end."""
     T, C = model.shape
-    K = 4 if period or max_period else 3
+    K = 5 if period or max_period else 3
+    lin = [NpRLS((period or max_period) + 2, lam=0.995, window=window) for _ in range(C)] if K == 5 else []
     L, hist, mean, var = np.zeros((K, C)), [], np.zeros(C), np.zeros(C)
     found = [NpPeriod(max_period, window) for _ in range(C)] if max_period else []
 
-    def seasonal():
-        n = len(hist)
+    def seasons(c):
         if period:
-            return hist[-period] if n >= period else np.full(C, np.nan)
+            return period, 0
+        first, second = found[c].seasons()         # the longer season detected (learner/period.py)
+        return (second, first) if second else (first, 0)
+
+    def seasonal():
         out = np.full(C, np.nan)
-        for c, det in enumerate(found):          # the longer season detected (learner/period.py)
-            first, second = det.seasons()
-            if second or first:
-                out[c] = hist[-(second or first)][c]
+        for c in range(C):
+            p = seasons(c)[0]
+            if p and len(hist) >= p:
+                out[c] = hist[-p][c]
         return out
+
+    def linear():
+        if len(hist) < 3:
+            return np.full(C, np.nan)
+        return np.array([lin[c].predict(mean[c], *seasons(c)) for c in range(C)])
 
     def preds(m):
         n = len(hist)
         e = [m, hist[-1] if n else np.full(C, np.nan), mean.copy() if n else np.full(C, np.nan)]
         if period or max_period:
-            e.append(seasonal())
+            e += [seasonal(), linear()]
         return np.array(e)
 
     def score(m, y):
@@ -59,6 +69,9 @@ def np_mixture(model, targets, *, forecast, period=None, eta=ETA, window=WINDOW,
 
     def observe(y):
         nonlocal mean, var
+        for c, r in enumerate(lin):
+            r.predict(mean[c], *seasons(c))          # the features the target was forecast from
+            r.learn(y[c])
         for c, det in enumerate(found):
             det.update(y[c])
         hist.append(np.array(y, float))
