@@ -26,7 +26,7 @@ def np_mixture(model, targets, *, forecast, period=None, eta=ETA, window=WINDOW,
     Returns the mixture's predictions (T, C) and the discounted losses (K, C) at the end."""
     T, C = model.shape
     K = 5 if period or max_period else 3
-    lin = [NpRLS((period or max_period) + 2, lam=0.995, window=window) for _ in range(C)] if K == 5 else []
+    lin = [NpRLS((period or max_period) + 2, lam=0.98, window=window) for _ in range(C)] if K == 5 else []
     L, hist, mean, var = np.zeros((K, C)), [], np.zeros(C), np.zeros(C)
     found = [NpPeriod(max_period, window) for _ in range(C)] if max_period else []
 
