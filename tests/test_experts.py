@@ -13,6 +13,8 @@ from streamtrace.engine import load_config
 from streamtrace.engine.build import build_learner
 from streamtrace.learner import OnlineLearner, experts
 from streamtrace.nn import Stack
+from test_lagged_rls import NpRLS  # numpy oracle of the linear expert
+from test_period import NpPeriod  # numpy oracle of the period detector
 
 ETA, WINDOW, CLIP = 3.0, 40, 4.0
 
@@ -20,46 +22,58 @@ ETA, WINDOW, CLIP = 3.0, 40, 4.0
 def np_mixture(model, targets, *, forecast, period=None, eta=ETA, window=WINDOW, clip=CLIP, max_period=None):
     """model (T, C): the model's prediction at each step; targets (T, C): forecast: the input
     at each step (the target of the previous prediction); supervised: each step's target.
-    max_period: detect the period (the lag in 2..max_period with the lowest mean squared error).
+    max_period: detect the period (numpy's learner/period.py, test_period.NpPeriod).
     Returns the mixture's predictions (T, C) and the discounted losses (K, C) at the end."""
     T, C = model.shape
-    K = 4 if period or max_period else 3
+    K = 5 if period or max_period else 3
+    lin = [NpRLS((period or max_period) + 2, lam=0.98, window=window) for _ in range(C)] if K == 5 else []
     L, hist, mean, var = np.zeros((K, C)), [], np.zeros(C), np.zeros(C)
-    lag_err = np.zeros(((max_period or 1) + 1, C))      # lag_err[p]: lag p's mean squared error
+    found = [NpPeriod(max_period, window) for _ in range(C)] if max_period else []
+
+    def seasons(c):
+        if period:
+            return period, 0
+        first, second = found[c].seasons()         # the longer season detected (learner/period.py)
+        return (second, first) if second else (first, 0)
 
     def seasonal():
-        n = len(hist)
-        if period:
-            return hist[-period] if n >= period else np.full(C, np.nan)
-        if n < 2:
+        out = np.full(C, np.nan)
+        for c in range(C):
+            p = seasons(c)[0]
+            if p and len(hist) >= p:
+                out[c] = hist[-p][c]
+        return out
+
+    def linear():
+        if len(hist) < 3:
             return np.full(C, np.nan)
-        lags = list(range(2, min(n, max_period) + 1))
-        best = [lags[int(np.argmin([lag_err[p, c] for p in lags]))] for c in range(C)]
-        return np.array([hist[-p][c] for c, p in enumerate(best)])
+        return np.array([lin[c].predict(mean[c], *seasons(c)) for c in range(C)])
 
     def preds(m):
         n = len(hist)
         e = [m, hist[-1] if n else np.full(C, np.nan), mean.copy() if n else np.full(C, np.nan)]
         if period or max_period:
-            e.append(seasonal())
+            e += [seasonal(), linear()]
         return np.array(e)
 
     def score(m, y):
         e = preds(m)
-        avail = ~np.isnan(e[:, 0])
+        avail = ~np.isnan(e)
         if len(hist) >= 2:
             loss = np.minimum((e - y) ** 2 / (var + 1e-12 * (1 + mean ** 2)), clip)
         else:
             loss = np.zeros((K, C))
-        loss[~avail] = loss[avail].max(axis=0)
+        worst = np.where(avail, loss, 0).max(axis=0)
+        loss = np.where(avail, loss, worst)
         L[:] = (1 - 1 / window) * L + loss
 
     def observe(y):
         nonlocal mean, var
-        for p in range(2, (max_period or 0) + 1):
-            if len(hist) >= p:
-                a = max(1 / (len(hist) - p + 1), 1 / window)
-                lag_err[p] += a * ((y - hist[-p]) ** 2 - lag_err[p])
+        for c, r in enumerate(lin):
+            r.predict(mean[c], *seasons(c))          # the features the target was forecast from
+            r.learn(y[c])
+        for c, det in enumerate(found):
+            det.update(y[c])
         hist.append(np.array(y, float))
         w = max(1 / len(hist), 1 / window)
         d = y - mean
@@ -68,8 +82,8 @@ def np_mixture(model, targets, *, forecast, period=None, eta=ETA, window=WINDOW,
 
     def mix(m):
         e = preds(m)
-        avail = ~np.isnan(e[:, 0])
-        logit = np.where(avail[:, None], -eta * L, -np.inf)
+        avail = ~np.isnan(e)
+        logit = np.where(avail, -eta * L, -np.inf)
         w = np.exp(logit - logit.max(axis=0))
         w /= w.sum(axis=0)
         return np.sum(w * np.nan_to_num(e), axis=0)
@@ -125,8 +139,8 @@ def test_forecast_mixture_and_weights_equal_numpy(period, max_period):
 
 
 def test_a_period_is_detected():
-    """A noisy cycle of 12 samples: the seasonal expert settles on lag 12 (numpy: the lag whose
-    forecasts had the lowest mean squared error) and the mixture beats persistence."""
+    """A noisy cycle of 12 samples: the seasonal expert settles on lag 12 (numpy: the period
+    detector's equations) and the mixture beats persistence."""
     rng = np.random.default_rng(4)
     t = np.arange(300)
     y = (np.where(t % 12 < 3, 1.0, 0.0) + 0.05 * rng.standard_normal(300))[:, None]
@@ -140,7 +154,8 @@ def test_a_period_is_detected():
                             np.zeros((1, 1), np.float32), np.array([True]))
         got.append(np.asarray(out)[0])
     np.testing.assert_allclose(np.array(got), want, rtol=2e-4, atol=2e-4)
-    assert int(np.argmin(np.asarray(s["lag_err"])[0, :, 0])) + 2 == 12
+    from streamtrace.learner import period
+    assert [int(np.asarray(p)[0, 0]) for p in period.periods(s["season"])] == [12, 0]
     late = slice(200, 299)
     assert np.mean((want[late] - y[1:][late]) ** 2) < 0.2 * np.mean((y[:-1][late] - y[1:][late]) ** 2)
 

@@ -119,7 +119,8 @@ class CombineConfig:             # what the user gets: the model's forecast mixe
                                  # persistence, a running mean (and a seasonal naive forecast) by
                                  # their recent losses, per stream and channel (learner/experts.py)
     period: int = 0              # the seasonal naive expert's period in samples (0: none)
-    max_period: int = 0          # or detect it: the best lag in 2..max_period so far (0: off)
+    max_period: int = 0          # or detect it online, one or two seasons in 2..max_period-1 (0: off;
+                                 # learner/period.py); with a period a linear expert joins (lagged_rls.py)
     eta: float = 8.0             # how fast the weights follow the losses (per std-unit squared error)
     window: int = 500            # the losses' memory (forgetting 1 - 1/window) and the mean's window
 

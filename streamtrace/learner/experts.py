@@ -7,11 +7,14 @@ experts' predictions of the next target y_t:
     persistence   the last target, y_{t-1}
     mean          a running mean of the targets (1/n while n < window, then an exponential
                   average with rate 1/window)
-    seasonal      y_{t-period}, when ``period`` is set (a ring buffer of ``period`` targets);
-                  with ``max_period`` instead, the period is detected: every lag p in
-                  2..max_period keeps the mean squared error its forecast y_{t-p} would have
-                  had (1/k, then an exponential average over ``window``), and the seasonal
-                  expert uses the lag with the lowest one so far (per channel; past data only)
+    seasonal      y_{t-period}, when ``period`` is set (a ring buffer of past targets);
+                  with ``max_period`` instead, the period is detected online (learner/period.py:
+                  an autocorrelation over a bounded memory, per channel, past data only) and
+                  the seasonal expert uses the longer of the (one or two) seasons found; where
+                  none is found it cannot predict (no weight)
+    linear        with a period (set or detected): recursive least squares with forgetting on
+                  the last values and the seasonal lags (learner/lagged_rls.py; persistence
+                  until it has learnt, the seasonal naive forecast with drift within reach)
 
 weighted by their recent prequential losses with the exponentially weighted average
 forecaster (EWA, Vovk; Littlestone & Warmuth's weighted majority for real predictions):
@@ -47,17 +50,29 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from . import lagged_rls
+from . import period as seasons
+
 __all__ = ["Experts", "experts", "EXPERTS"]
 
-EXPERTS = ("model", "persistence", "mean", "seasonal")
+EXPERTS = ("model", "persistence", "mean", "seasonal", "linear")
 
 
 class Experts:
     """The combiner (see the module docstring). ``forecast`` and ``supervised`` are the two ways
     the learner's step calls it; state per slot: ``L`` (N, K, C) discounted losses, ``n``
     targets seen, ``last``, ``mean``, ``var`` (N, C), ``model`` (N, C) the model's pending
-    forecast, ``ring`` (N, period, C) with a period, ``lag_err`` (N, max_period - 1, C) when
-    detecting it."""
+    forecast; with a period ``linear`` (learner/lagged_rls.py's state: its ring of targets serves
+    the seasonal expert too) and, when detecting it, ``season`` (learner/period.py's state).
+
+    Example::
+
+        >>> import numpy as np
+        >>> e = Experts(max_period=24)
+        >>> s = e.init(1, 1, np.float32)
+        >>> sorted(s["season"])
+        ['c', 'k', 'mu', 'prev', 'ring', 'v']
+    """
 
     name = "experts"
 
@@ -75,9 +90,10 @@ class Experts:
         if not (isinstance(clip, (int, float)) and clip > 0 and clip < float("inf")):
             raise ValueError(f"experts: clip (the loss bound B) must be a finite number > 0; got {clip!r}")
         self.detect = bool(max_period)
-        self.period = period or max_period        # the ring's length
+        self.period = period or max_period        # the longest season
         self.eta, self.window, self.clip = float(eta), window, float(clip)
         self.names = EXPERTS if self.period else EXPERTS[:3]
+        self.lam = 0.98             # the linear expert's forgetting (fast: short series)
 
     def describe(self) -> dict:
         return {"kind": self.name, "experts": list(self.names), "period": None if self.detect else self.period,
@@ -88,40 +104,42 @@ class Experts:
         z = jnp.zeros((n, n_out), dtype)
         state = {"L": jnp.zeros((n, len(self.names), n_out), dtype), "n": jnp.zeros(n, jnp.int32),
                  "last": z, "mean": z, "var": z, "model": z}
-        if self.period:
-            state["ring"] = jnp.zeros((n, self.period, n_out), dtype)
-        if self.detect:     # each candidate lag's mean squared error as a forecast (2..max_period)
-            state["lag_err"] = jnp.zeros((n, self.period - 1, n_out), dtype)
+        if self.detect:     # the period detector over lags 1..max_period
+            state["season"] = seasons.init(n, n_out, self.period, dtype)
+        if self.period:     # the linear expert (its ring of targets reaches a season and 2 more steps back)
+            state["linear"] = lagged_rls.init(n, n_out, self.period + 2, dtype)
         return state
 
-    def _lagged(self, s):
-        """(N, P-1, C) the targets 2..P steps before the next one, (N, P-1, 1) which exist."""
-        lags = jnp.arange(2, self.period + 1)
-        idx = (s["n"][:, None] - lags[None, :]) % self.period
-        vals = jnp.take_along_axis(s["ring"], idx[..., None], axis=1)
-        return vals, (s["n"][:, None] >= lags[None, :])[..., None]
+    def _seasons(self, s):
+        """(N, C) the season the seasonal expert uses and the other one found (0: none)."""
+        if not self.detect:
+            p = jnp.full(s["last"].shape, self.period, jnp.int32)
+            return p, jnp.zeros_like(p)
+        first, second = seasons.periods(s["season"])
+        return jnp.where(second > 0, second, first), jnp.where(second > 0, first, 0)
+
+    def _linear(self, s):
+        """The linear expert's regressors (N, C, D) for the next target."""
+        p, q = self._seasons(s)
+        return lagged_rls.features(s["linear"], p, q, s["mean"])
 
     def _seasonal(self, s):
-        """The seasonal naive forecast (N, C): y_{t-period}, or with a detected period the lag
-        in 2..max_period whose forecasts had the lowest mean squared error so far (per channel)."""
-        if not self.detect:
-            hot = jnp.arange(self.period)[None, :] == (s["n"] % self.period)[:, None]
-            return jnp.sum(jnp.where(hot[..., None], s["ring"], 0), axis=1)
-        vals, have = self._lagged(s)
-        err = jnp.where(have, s["lag_err"], jnp.inf)
-        best = jnp.argmin(err, axis=1)                                            # (N, C)
-        return jnp.take_along_axis(vals, best[:, None, :], axis=1)[:, 0]
+        """The seasonal naive forecast (N, C) and (N, C) whether it exists: y_{t-period}, or with a
+        detected period y_{t-p}, p the longer season found so far (per channel)."""
+        p, _ = self._seasons(s)
+        return lagged_rls.back(s["linear"], jnp.maximum(p, 1)), (p > 0) & (s["n"][:, None] >= p)
 
     # ---- the experts and their mixture ------------------------------------------------------
     def _experts(self, s, model):
-        """(N, K, C) predictions of the next target and (N, K, 1) whether each can predict."""
-        n = s["n"][:, None, None]
+        """(N, K, C) predictions of the next target and (N, K, C) whether each can predict."""
+        n = s["n"][:, None]
         preds = [model, s["last"], s["mean"]]
-        avail = [jnp.isfinite(jnp.sum(model, axis=-1))[:, None, None], n >= 1, n >= 1]
+        avail = [jnp.isfinite(jnp.sum(model, axis=-1))[:, None], n >= 1, n >= 1]
         if self.period:
-            preds.append(self._seasonal(s))
-            avail.append(n >= (2 if self.detect else self.period))
-        avail = jnp.concatenate([jnp.broadcast_to(a, (model.shape[0], 1, 1)) for a in avail], axis=1)
+            seasonal, has = self._seasonal(s)
+            preds += [seasonal, lagged_rls.predict(s["linear"], self._linear(s))]
+            avail += [has, n >= 3]
+        avail = jnp.stack([jnp.broadcast_to(a, model.shape) for a in avail], axis=1)
         return jnp.stack(preds, axis=1), avail
 
     def mix(self, s, model):
@@ -154,15 +172,10 @@ class Experts:
         keep = ok[:, None]
         new = {**s, "n": jnp.where(ok, n1, s["n"]), "last": jnp.where(keep, y, s["last"]),
                "mean": jnp.where(keep, mean, s["mean"]), "var": jnp.where(keep, var, s["var"])}
-        if self.detect:     # score every lag on y before y enters the ring
-            vals, have = self._lagged(s)
-            count = s["n"][:, None] - jnp.arange(2, self.period + 1)[None, :] + 1      # errors incl. this
-            a = jnp.maximum(1.0 / jnp.maximum(count, 1), 1.0 / self.window)[..., None].astype(y.dtype)
-            err = s["lag_err"] + a * ((y[:, None, :] - vals) ** 2 - s["lag_err"])
-            new["lag_err"] = jnp.where(have & ok[:, None, None], err, s["lag_err"])
+        if self.detect:
+            new["season"] = seasons.update(s["season"], y, ok, self.window)
         if self.period:
-            hot = (jnp.arange(self.period)[None, :] == (s["n"] % self.period)[:, None]) & ok[:, None]
-            new["ring"] = jnp.where(hot[..., None], y[:, None, :], s["ring"])
+            new["linear"] = lagged_rls.update(s["linear"], self._linear(s), y, ok, self.lam, self.window)
         return new
 
     # ---- the two ways a step uses it ---------------------------------------------------------

@@ -1,0 +1,141 @@
+"""A fast linear expert: recursive least squares with forgetting on the last values and the seasonal lags.
+
+Per slot and channel, with d_t = y_t - y_{t-1}, s the changes' running root mean square (a scale
+that a trend does not inflate), m the targets' running mean, and p1, p2 the seasons found so far (learner/period.py; 0: none, the regressor is then 0):
+
+    z_t = [ (y_{t-1} - m) / s,  d_{t-1} / s,  d_{t-2} / s,  d_{t-p1} / s,  d_{t-p2} / s,  1 ]
+    prediction   y_{t-1} + s * w^T z_t
+
+so w = 0 is persistence, w = e_4 is the seasonal naive forecast with drift (y_{t-1} + y_{t-p}
+- y_{t-p-1}, SARIMA(0,1,0)(0,1,0)_p), and the first entry lets it revert to the mean. When y_t
+arrives (from the third target on), w and the inverse covariance P learn the scaled change
+d_t / s by RLS with forgetting lam:
+
+    k = P z / (lam + z^T P z),   w <- w + k (d_t / s - w^T z),   P <- (P - k z^T P) / lam
+
+starting from w = 0, P = I / delta; then s^2 <- s^2 + a (d_t^2 - s^2), a = max(1/k, 1/window)
+after k changes. The regressors need the targets ``depth`` steps back: a ring
+of them (depth = the longest season + 2).
+"""
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+__all__ = ["init", "back", "scale", "features", "predict", "update", "D"]
+
+D = 6       # regressors
+
+
+def init(n: int, n_out: int, depth: int, dtype, delta: float = 0.1) -> dict:
+    """State for ``n`` slots of ``n_out`` channels; ``depth``: how far back the ring reaches.
+
+    Example::
+
+        >>> import jax.numpy as jnp
+        >>> s = init(1, 2, 14, jnp.float32)
+        >>> s["P"].shape, s["ring"].shape
+        ((1, 2, 6, 6), (1, 14, 2))
+    """
+    if not isinstance(depth, int) or depth < 4:
+        raise ValueError(f"lagged RLS: depth must be an integer >= 4; got {depth!r}")
+    eye = jnp.eye(D, dtype=dtype) / delta
+    return {"n": jnp.zeros(n, jnp.int32), "ring": jnp.zeros((n, depth, n_out), dtype),
+            "w": jnp.zeros((n, n_out, D), dtype), "P": jnp.broadcast_to(eye, (n, n_out, D, D)),
+            "q": jnp.zeros((n, n_out), dtype)}
+
+
+def back(s, lag):
+    """y_{t-lag} (N, C) from the ring, for lags (N, C) in 1..depth (t: the next target).
+
+    Example::
+
+        >>> import jax.numpy as jnp
+        >>> s = init(1, 1, 4, jnp.float32)
+        >>> for v in [1., 2., 3.]:
+        ...     s = update(s, jnp.zeros((1, 1, 6)), jnp.array([[v]]), jnp.array([True]))
+        >>> float(back(s, jnp.array([[3]]))[0, 0])
+        1.0
+    """
+    R = s["ring"].shape[1]
+    idx = (s["n"][:, None] - lag) % R
+    return jnp.take_along_axis(s["ring"], idx[:, None, :], axis=1)[:, 0]
+
+
+def _diff(s, lag):
+    """d_{t-lag} = y_{t-lag} - y_{t-lag-1}, 0 where lag is 0 or not yet seen."""
+    ok = (lag >= 1) & (s["n"][:, None] >= lag + 1)
+    lag = jnp.maximum(lag, 1)
+    return jnp.where(ok, back(s, lag) - back(s, lag + 1), 0)
+
+
+def scale(s: dict):
+    """(N, C): the changes' running root mean square s (a tiny floor where none is known).
+
+    Example::
+
+        >>> import jax.numpy as jnp
+        >>> float(scale(init(1, 1, 8, jnp.float64))[0, 0]) > 0
+        True
+    """
+    last = back(s, jnp.ones(s["q"].shape, jnp.int32))
+    return jnp.sqrt(s["q"] + 1e-12 * (1.0 + last * last))
+
+
+def features(s: dict, p1, p2, mean):
+    """z (N, C, D) for the next target, from the ring, the seasons p1, p2 (N, C) and the targets'
+    running mean (N, C).
+
+    Example::
+
+        >>> import jax.numpy as jnp
+        >>> s = init(1, 1, 8, jnp.float32)
+        >>> features(s, jnp.zeros((1, 1), int), jnp.zeros((1, 1), int), jnp.zeros((1, 1))).shape
+        (1, 1, 6)
+    """
+    one = jnp.ones_like(mean)
+    sc = scale(s)
+    p1, p2 = jnp.minimum(p1, s["ring"].shape[1] - 1), jnp.minimum(p2, s["ring"].shape[1] - 1)
+    last = jnp.where(s["n"][:, None] >= 1, back(s, one.astype(jnp.int32)), mean)
+    cols = [last - mean, _diff(s, 1 + 0 * p1), _diff(s, 2 + 0 * p1), _diff(s, p1), _diff(s, p2)]
+    return jnp.stack([c / sc for c in cols] + [one], axis=-1)
+
+
+def predict(s: dict, z):
+    """The expert's forecast (N, C) of the next target: y_{t-1} + s w^T z.
+
+    Example::
+
+        >>> import jax.numpy as jnp
+        >>> s = init(1, 1, 8, jnp.float32)
+        >>> float(predict(s, jnp.ones((1, 1, 6)))[0, 0])      # nothing learnt yet: persistence (0)
+        0.0
+    """
+    last = back(s, jnp.ones(s["q"].shape, jnp.int32))
+    return last + scale(s) * jnp.sum(s["w"] * z, axis=-1)
+
+
+def update(s: dict, z, y, ok, lam: float = 0.995, window: int = 500) -> dict:
+    """Learn target y (N, C) where ``ok`` (N,), from the features z (N, C, D) it was forecast
+    from; then y enters the ring.
+
+    Example::
+
+        >>> import jax.numpy as jnp
+        >>> s = init(1, 1, 8, jnp.float32)
+        >>> s = update(s, jnp.zeros((1, 1, 6)), jnp.ones((1, 1)), jnp.array([True]))
+        >>> int(s["n"][0])
+        1
+    """
+    Pz = jnp.einsum("ncij,ncj->nci", s["P"], z)
+    k = Pz / (lam + jnp.sum(z * Pz, axis=-1, keepdims=True))
+    d = y - back(s, jnp.ones(y.shape, jnp.int32))
+    e = d / scale(s) - jnp.sum(s["w"] * z, axis=-1)
+    learn = (ok & (s["n"] >= 2))[:, None]
+    w = jnp.where(learn[..., None], s["w"] + k * e[..., None], s["w"])
+    P = jnp.where(learn[..., None, None], (s["P"] - k[..., :, None] * Pz[..., None, :]) / lam, s["P"])
+    a = jnp.maximum(1.0 / jnp.maximum(s["n"], 1), 1.0 / window)[:, None].astype(y.dtype)
+    q = jnp.where((ok & (s["n"] >= 1))[:, None], s["q"] + a * (d * d - s["q"]), s["q"])
+    R = s["ring"].shape[1]
+    hot = (jnp.arange(R)[None, :] == (s["n"] % R)[:, None]) & ok[:, None]
+    return {"n": jnp.where(ok, s["n"] + 1, s["n"]), "w": w, "P": P, "q": q,
+            "ring": jnp.where(hot[..., None], y[:, None, :], s["ring"])}

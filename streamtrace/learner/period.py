@@ -1,0 +1,128 @@
+"""The period of a stream, found online: an autocorrelation of its differences over a bounded memory.
+
+Per slot and channel, from the targets y_t as they arrive (past data only):
+
+    d_t   = y_t - y_{t-1}                          differences: a linear trend becomes a constant
+    mu    <- mu  + a_t (d_t - mu)                  their running mean (the drift)
+    v     <- v   + a_t (d_t^2 - v)                 their running second moment
+    c_p   <- c_p + a_{t,p} (d_t d_{t-p} - c_p)     lag p's running product, p = 1..max_period
+    r_p   = (c_p - mu^2) / (v - mu^2)              lag p's autocorrelation
+
+with a = max(1/k, 1/window) after k products (a plain mean, then an exponential average: the
+memory is bounded by ``window`` steps and a ring of the last ``max_period`` differences).
+
+A lag p in 2..max_period-1 is a candidate season when r_p is a local maximum (r_p >= r_{p-1},
+r_p >= r_{p+1}), exceeds ``threshold`` and has at least p products behind it (two cycles seen).
+Of the candidates, the strongest one (largest r) is ``best``;
+
+    first  = the shortest candidate whose r is at least ``share`` x r_best   (the base season)
+    second = best, where r_best exceeds r_first by ``margin``                 (a longer season)
+
+so a single season of 12 (whose multiples 24, 36 correlate as well) reports 12 and no second,
+and half-hourly data with a day and a week reports 48 and 336. White noise reports none (0):
+its differences correlate -1/2 at lag 1 and about 0 beyond.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+__all__ = ["init", "update", "autocorrelation", "periods"]
+
+
+def init(n: int, n_out: int, max_period: int, dtype) -> dict:
+    """The detector's state for ``n`` slots of ``n_out`` channels, lags 1..``max_period``.
+
+    Example::
+
+        >>> import jax.numpy as jnp
+        >>> s = init(1, 1, 24, jnp.float32)
+        >>> s["c"].shape
+        (1, 24, 1)
+    """
+    if not isinstance(max_period, int) or isinstance(max_period, bool) or max_period < 2:
+        raise ValueError(f"period detector: max_period must be an integer >= 2; got {max_period!r}")
+    z = jnp.zeros((n, n_out), dtype)
+    return {"k": jnp.zeros(n, jnp.int32), "prev": z, "mu": z, "v": z,
+            "ring": jnp.zeros((n, max_period, n_out), dtype), "c": jnp.zeros((n, max_period, n_out), dtype)}
+
+
+def update(s: dict, y, ok, window: int) -> dict:
+    """Learn target ``y`` (N, C) where ``ok`` (N,); ``k`` counts the targets seen.
+
+    Example::
+
+        >>> import jax.numpy as jnp, numpy as np
+        >>> s = init(1, 1, 4, jnp.float64)
+        >>> for v in [0., 1., 0., 1., 0.]:
+        ...     s = update(s, jnp.array([[v]]), jnp.array([True]), 100)
+        >>> int(s["k"][0])
+        5
+    """
+    P = s["ring"].shape[1]
+    k = s["k"]
+    m = k - 1                                       # differences seen before this one
+    have = (k >= 1)[:, None]
+    d = jnp.where(have, y - s["prev"], 0).astype(s["v"].dtype)
+    a = jnp.maximum(1.0 / jnp.maximum(k, 1), 1.0 / window)[:, None].astype(d.dtype)
+    b = jnp.maximum(1.0 / (k + 1), 1.0 / P)[:, None].astype(d.dtype)      # the level's rate
+    lags = jnp.arange(1, P + 1)
+    idx = (m[:, None] - lags[None, :]) % P
+    past = jnp.take_along_axis(s["ring"], idx[..., None], axis=1)              # d_{t-p}
+    count = m[:, None] - lags[None, :] + 1                                     # products incl. this
+    ap = jnp.maximum(1.0 / jnp.maximum(count, 1), 1.0 / window)[..., None].astype(d.dtype)
+    c = s["c"] + ap * (d[:, None, :] * past - s["c"])
+    use = have & ok[:, None]
+    hot = (jnp.arange(P)[None, :] == (jnp.maximum(m, 0) % P)[:, None]) & use
+    return {"k": jnp.where(ok, k + 1, k), "prev": jnp.where(ok[:, None], s["prev"] + b * (y - s["prev"]), s["prev"]),
+            "mu": jnp.where(use, s["mu"] + a * (d - s["mu"]), s["mu"]),
+            "v": jnp.where(use, s["v"] + a * (d * d - s["v"]), s["v"]),
+            "ring": jnp.where(hot[..., None], d[:, None, :], s["ring"]),
+            "c": jnp.where(use[:, None, :] & (count >= 1)[..., None], c, s["c"])}
+
+
+def autocorrelation(s: dict):
+    """(N, max_period, C): r_p for p = 1..max_period (0 where lag p has no product yet).
+
+    Example::
+
+        >>> import jax.numpy as jnp
+        >>> autocorrelation(init(1, 1, 3, jnp.float32)).shape
+        (1, 3, 1)
+    """
+    P = s["c"].shape[1]
+    mu2 = (s["mu"] * s["mu"])[:, None, :]
+    den = s["v"][:, None, :] - mu2
+    seen = ((s["k"] - 1)[:, None] - jnp.arange(1, P + 1)[None, :] >= 1)[..., None]     # products
+    ok = seen & (den > 1e-12 * (1.0 + s["v"][:, None, :]))
+    return jnp.where(ok, (s["c"] - mu2) / jnp.where(ok, den, 1.0), 0.0)
+
+
+def periods(s: dict, threshold: float = 0.3, share: float = 0.5, margin: float = 0.1, prominence: float = 0.3):
+    """The detected seasons (first, second), each (N, C) int32 lags (0: none), see the module.
+
+    Example::
+
+        >>> import jax.numpy as jnp, numpy as np
+        >>> s = init(1, 1, 20, jnp.float64)
+        >>> for v in np.tile([0., 0., 1., 3., 1.], 20):
+        ...     s = update(s, jnp.array([[v]]), jnp.array([True]), 200)
+        >>> [int(p[0, 0]) for p in periods(s)]
+        [5, 0]
+    """
+    r = autocorrelation(s)                                              # lags 1..P
+    P = r.shape[1]
+    lag = jnp.arange(1, P + 1)[None, :, None]
+    left = jnp.concatenate([jnp.full_like(r[:, :1], jnp.inf), r[:, :-1]], axis=1)
+    right = jnp.concatenate([r[:, 1:], jnp.full_like(r[:, :1], jnp.inf)], axis=1)
+    enough = ((s["k"] - 1)[:, None, None] - lag) >= lag                # two cycles seen
+    dip = r - jax.lax.cummin(r, axis=1)                                 # above the lowest before it
+    cand = (lag >= 2) & (r >= left) & (r >= right) & (r > threshold) & (dip > prominence) & enough
+    rc = jnp.where(cand, r, -jnp.inf)
+    any_ = jnp.any(cand, axis=1)
+    best = jnp.argmax(rc, axis=1)                                       # (N, C) index
+    r_best = jnp.max(rc, axis=1)
+    first = jnp.argmax(cand & (r >= share * r_best[:, None, :]), axis=1)
+    r_first = jnp.take_along_axis(r, first[:, None, :], axis=1)[:, 0]
+    two = any_ & (best != first) & (r_best > r_first + margin)
+    return (jnp.where(any_, first + 1, 0).astype(jnp.int32), jnp.where(two, best + 1, 0).astype(jnp.int32))
