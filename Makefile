@@ -60,7 +60,7 @@ arm: $(VENV)/.installed
 	  echo "*** IREE's aarch64 runtime wheel could not be fetched: the aarch64 export test will be skipped ***" >&2
 
 test: $(VENV)/.installed broker browser arm
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 bench: $(VENV)/.installed
 	$(PY) -m pip install --quiet -e '.[test,bench]'

@@ -90,6 +90,7 @@ def _check(sensor: Sensor, ref: dict, stream: str, n: int):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("restart", ["engine", "sensor", "both"])
 def test_sensor_client_survives_restarts_without_losing_a_sample(restart, work, clock, caplog):
     cfg = _config(work)

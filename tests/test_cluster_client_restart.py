@@ -21,6 +21,7 @@ from doc_examples import docstring_example                              # noqa: 
 K = 15          # steps per phase
 
 
+@pytest.mark.slow
 def test_cluster_client_survives_worker_and_sensor_restarts(tmp_path, caplog):
     find_server_binary()      # fails with what to install when the binary is missing
     caplog.set_level(logging.WARNING, logger="streamtrace.client")

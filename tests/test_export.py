@@ -271,6 +271,7 @@ def _qemu_steps(folder: Path, xs, work: Path):
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 @pytest.mark.parametrize("name, tolerance", [("default", 1e-13), ("gru", 5e-5)])
 def test_aarch64_under_qemu_equals_x86_64(exported, tmp_path, name, tolerance):
     """The aarch64 module (float64 default with its tanh made libm-free; float32 GRU) run by
