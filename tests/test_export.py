@@ -147,6 +147,23 @@ def test_runner_equals_the_default_learner(exported):
     assert abs(a - b) / a < 1e-4
 
 
+def test_the_runner_screens_a_glitch_as_the_learner_does(exported):
+    """The exported default learner keeps its outlier screen: a 1e40 sample after 300 clean
+    ones is flagged on that step only (``runner.events``), and the runner goes on with finite
+    predictions, as the jax learner does."""
+    folder = exported("default")
+    runner, learner = Runner(folder), _learner("default", folder)
+    xs = mackey_glass(320)
+    xs[300] = 1e40
+    flags, preds = [], []
+    for x in xs:
+        prediction, _, _ = runner.step(np.array([[x]]))
+        flags.append(bool(runner.events["outlier"][0]))
+        preds.append(prediction)
+        assert bool(np.asarray(learner.step(np.array([[x]])).outlier).any()) == flags[-1]
+    assert np.flatnonzero(flags).tolist() == [300] and np.isfinite(preds).all()
+
+
 @pytest.mark.parametrize("name, tolerance", [("gru", 1e-4), ("lif", 1e-4), ("lstm64", 1e-12)])
 def test_runner_equals_the_learner(exported, name, tolerance):
     """300 Mackey-Glass steps, D-RTRL, Adam: GRU-16 float32 (measured 1.5e-6 relative at
