@@ -36,18 +36,8 @@ def no_rollback():
         programs.gate = saved
 
 
-def _program(learner, x, y):
-    compiled = learner.programs.step()       # compiled now (inside no_rollback for a bare side)
-    active = np.ones(learner.n, bool)
-    box = [learner.buffers]
-
-    def step():
-        box[0], vec = compiled(box[0], x, y, active, active)
-        return np.asarray(vec)
-    return step
-
-
 def default_sides() -> dict:
+    from timing import step_call        # compiles its program now (inside no_rollback for a bare side)
     from streamtrace.engine.build import build_learner
     from streamtrace.evaluate import default_config, task_config
     from streamtrace.tasks import get_task
@@ -60,7 +50,7 @@ def default_sides() -> dict:
         bare = build_learner(task_config(task, {**default_config(task), "screen": {"policy": "off"}}, 0))
         for v in task.inputs[:300]:
             bare.step(v)
-        sides = {"default, guarded": _program(guarded, x, y), "default, bare": _program(bare, x, y)}
+        sides = {"default, guarded": step_call(guarded, x, y), "default, bare": step_call(bare, x, y)}
     return sides
 
 

@@ -11,6 +11,7 @@ import pytest
 from jax.flatten_util import ravel_pytree
 
 import streamtrace as st
+from timing import step_call
 
 N_IN, N_OUT = 1, 1
 
@@ -51,18 +52,11 @@ CASES = [("gru", 32, None, "rtrl-dense-jacobian"), ("gru", 32, None, "rtrl"),
 def _step_fn(kind, hidden, method, slots):
     learner = st.OnlineLearner(st.nn.Stack(kind, N_IN, hidden, N_OUT), np.zeros(N_IN, np.float32),
                                algorithm=METHODS[method], optimizer=optax.adam(1e-3), slots=slots)
-    compiled = learner.programs.step()
     lead = () if slots is None else (slots,)
     rng = np.random.default_rng(0)
     x = rng.normal(size=lead + (N_IN,)).astype(np.float32)
     y = rng.normal(size=lead + (N_OUT,)).astype(np.float32)
-    active = np.ones(learner.n, bool)
-    box = [learner.buffers]
-
-    def step():
-        box[0], vec = compiled(box[0], x, y, active, active)
-        return np.asarray(vec)
-    return step
+    return step_call(learner, x, y)
 
 
 @pytest.mark.parametrize("kind,hidden,slots,method", CASES,

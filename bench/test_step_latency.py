@@ -7,6 +7,7 @@ import pytest
 
 import streamtrace as st
 from limits import make_limit_step
+from timing import step_call
 
 try:
     from reference_braintrace import AVAILABLE as REFERENCE, make_step
@@ -29,19 +30,12 @@ def _step_fn(kind, hidden, algo, slots, steps=1):
     # the default optimizer, st.adam(1e-3): optax.adam up to rounding, applied in place
     learner = st.OnlineLearner(st.nn.Stack(kind, N_IN, hidden, N_OUT), np.zeros(N_IN, np.float32),
                                algorithm=algo, optimizer=st.adam(1e-3), slots=slots)
-    compiled = learner.programs.step(steps if steps > 1 else None)
     queued = () if steps == 1 else (steps,)
     lead = queued + (() if slots is None else (slots,))
     rng = np.random.default_rng(0)
     x = rng.normal(size=lead + (N_IN,)).astype(np.float32)
     y = rng.normal(size=lead + (N_OUT,)).astype(np.float32)
-    active = np.ones(queued + (learner.n,), bool)
-    box = [learner.buffers]
-
-    def step():
-        box[0], vec = compiled(box[0], x, y, active, active)
-        return np.asarray(vec)
-    return step
+    return step_call(learner, x, y, steps if steps > 1 else None)
 
 
 @pytest.mark.parametrize("slots", SLOTS, ids=["1slot", "64slots"])

@@ -10,7 +10,22 @@ import platform
 from streamtrace.latency import percentiles, timed
 from streamtrace.launch import paced
 
-__all__ = ["percentiles", "timed", "paced", "pin", "unpin", "cpu_name", "machine_line"]
+__all__ = ["percentiles", "timed", "paced", "pin", "unpin", "cpu_name", "machine_line", "step_call"]
+
+
+def step_call(learner, x, y, steps: int | None = None):
+    """A no-argument call of ``learner``'s compiled step (``programs.step(steps)``, compiled
+    now) on the fixed inputs x, y, every slot active and learning; the learner's buffers are
+    carried from call to call, and each call blocks until its output is on the host."""
+    import numpy as np
+    compiled = learner.programs.step(steps)
+    active = np.ones((() if steps is None else (steps,)) + (learner.n,), bool)
+    box = [learner.buffers]
+
+    def step():
+        box[0], vec = compiled(box[0], x, y, active, active)
+        return np.asarray(vec)
+    return step
 
 
 def pin(cpu: int | None):

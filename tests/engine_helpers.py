@@ -60,6 +60,25 @@ def answers(core, msgs) -> list:
     return got
 
 
+def fake_sensor_client(answer):
+    """A stand-in for ``SensorClient`` (monkeypatched where a test needs no engine): the k-th
+    ``step(xs, ys)`` of a client (k from 1) answers ``answer(xs, ys, k)`` as the reply's ``pred``."""
+    class Fake:
+        def __init__(self, *a, **k):
+            self.k = 0
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+        def step(self, xs, ys=None):
+            self.k += 1
+            return type("R", (), {"pred": np.asarray(answer(xs, ys, self.k))})()
+    return Fake
+
+
 def stop_gracefully(proc, timeout: float = 30.0) -> int:
     """SIGTERM and wait: the engine drains, writes its final checkpoint and exits."""
     proc.terminate()

@@ -5,6 +5,7 @@ import json
 
 import numpy as np
 import pytest
+from engine_helpers import fake_sensor_client
 
 from streamtrace import evaluate as ev
 from streamtrace.adapters.replay import ReplayError, read_table, select_rows
@@ -182,24 +183,14 @@ def test_replay_scores_a_forecast_of_some_channels(tmp_path, monkeypatch):
     known function of the row, so the NRMSE is computed by hand."""
     from streamtrace.adapters.replay import replay, write_predictions
 
-    class Fake:
-        def __init__(self, *a, **k):
-            pass
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            pass
-
-        def step(self, xs, ys=None):
-            assert xs.shape == (2,) and ys is None                   # both columns go in
-            return type("R", (), {"pred": np.array([0.9 * xs[1] + 0.1 * xs[0]])})()
+    def answer(xs, ys, k):
+        assert xs.shape == (2,) and ys is None                       # both columns go in
+        return np.array([0.9 * xs[1] + 0.1 * xs[0]])
 
     a, b = signals(60)
     path = tmp_path / "two.csv"
     rows = write(path, ["drive", "level"], [a, b])
-    monkeypatch.setattr("streamtrace.adapters.replay.SensorClient", Fake)
+    monkeypatch.setattr("streamtrace.adapters.replay.SensorClient", fake_sensor_client(answer))
     r = replay(path, "ipc:///nowhere", channels=[1])
     pred, target, last = 0.9 * b[:-1] + 0.1 * a[:-1], b[1:], b[:-1]
     rmse = lambda p: np.sqrt(np.mean((p - target) ** 2)) / target.std()     # noqa: E731

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from engine_helpers import fake_sensor_client
 
 from streamtrace.adapters import SensorClient
 from streamtrace.adapters.replay import ReplayError, read_table, replay, select_rows
@@ -144,21 +145,11 @@ def test_supervised_scoring_pairs_each_answer_with_its_own_row(tmp_path, monkeyp
     y = np.cos(0.2 * np.arange(20))
     path.write_text("x,y\n" + "".join(f"{float(a)!r},{float(b)!r}\n" for a, b in zip(x, y)))
 
-    class Fake:
-        def __init__(self, *a, **k):
-            pass
+    def answer(xs, ys, k):
+        assert ys is not None and ys.shape == (1,)
+        return np.array([2.0 * xs[0]])
 
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            pass
-
-        def step(self, xs, ys=None):
-            assert ys is not None and ys.shape == (1,)
-            return type("R", (), {"pred": np.array([2.0 * xs[0]])})()
-
-    monkeypatch.setattr("streamtrace.adapters.replay.SensorClient", Fake)
+    monkeypatch.setattr("streamtrace.adapters.replay.SensorClient", fake_sensor_client(answer))
     r = replay(path, "ipc:///nowhere", columns=["x"], target_columns=["y"])
     assert r.mode == "supervised"
     pred, target = 2 * x[1:, None], y[1:, None]
@@ -176,21 +167,10 @@ def test_the_default_window_scores_as_evaluate_does_and_the_whole_run_is_shown_t
     path = tmp_path / "long.csv"
     path.write_text("x\n" + "".join(f"{float(a)!r}\n" for a in x))
 
-    class Fake:
-        def __init__(self, *a, **k):
-            self.k = 0
+    def answer(xs, ys, k):                 # a forecast that starts poor and gets better
+        return np.array([xs[0] + (1.0 if k < 500 else 0.01)])
 
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            pass
-
-        def step(self, xs, ys=None):       # a forecast that starts poor and gets better
-            self.k += 1
-            return type("R", (), {"pred": np.array([xs[0] + (1.0 if self.k < 500 else 0.01)])})()
-
-    monkeypatch.setattr("streamtrace.adapters.replay.SensorClient", Fake)
+    monkeypatch.setattr("streamtrace.adapters.replay.SensorClient", fake_sensor_client(answer))
     r = replay(path, "ipc:///nowhere", columns=["x"])
     pred = x[:-1, None] + np.where(np.arange(1, n) < 500, 1.0, 0.01)[:, None]
     target = x[1:, None]

@@ -80,9 +80,13 @@ def gate(layout, before: dict, after: dict, active):
     old, tree = jax.tree_util.tree_flatten(before)
     new = tree.flatten_up_to(after)
     small = [i for i in range(len(old)) if i not in alone]
-    ok = _finite([jnp.concatenate([jnp.ravel(new[i]) for i in small if new[i].dtype == dt])
-                  for dt in {new[i].dtype for i in small if jnp.issubdtype(new[i].dtype, jnp.inexact)}])
-    kept = [jnp.where(ok, b, a) if i in small and b is not a else b for i, (a, b) in enumerate(zip(old, new))]
+    by_dtype = {}          # in the leaves' order: the same program from run to run
+    for i in small:
+        if jnp.issubdtype(new[i].dtype, jnp.inexact):
+            by_dtype.setdefault(new[i].dtype, []).append(jnp.ravel(new[i]))
+    ok = _finite([jnp.concatenate(parts) for parts in by_dtype.values()])
+    keep = set(small)
+    kept = [jnp.where(ok, b, a) if i in keep and b is not a else b for i, (a, b) in enumerate(zip(old, new))]
     kept = jax.tree_util.tree_unflatten(tree, kept)
     rb = before["rollback"]
     undone = (active & ~ok).astype(jnp.int32).reshape(rb["now"].shape)

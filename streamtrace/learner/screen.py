@@ -107,9 +107,8 @@ class Screen(Transform):
     def observe(self, s, x, flag, ok):
         """Learn each channel's location and deviation from the accepted values of x (N, C);
         ``ok`` (N,): the slots whose x was looked at. Returns the new state."""
-        st = s
-        x = x.astype(st.dtype)
-        n, run, loc, dev, last = (st[..., i] for i in range(5))
+        x = x.astype(s.dtype)
+        n, run, loc, dev, last = (s[..., i] for i in range(5))
         base, _ = self._limit(n, run, loc, dev)
         seen = ok[:, None] & jnp.isfinite(x)
         take = seen & ~flag if self.policy == "skip" else seen
@@ -120,9 +119,9 @@ class Screen(Transform):
                          jnp.where(jump, x, loc + a * (x - loc)),
                          jnp.where(n == 0, 0.0, jnp.where(jump, jnp.maximum(dev, d / self.threshold),
                                                            dev + a * (d - dev))), x], axis=-1)
-        out = jnp.where(take[..., None], new, st)
+        out = jnp.where(take[..., None], new, s)
         out = out.at[..., 1].set(jnp.where(seen & flag, run + 1, out[..., 1]))
-        return out.astype(st.dtype)
+        return out.astype(s.dtype)
 
 
 def screen(policy: str = "skip", *, threshold: float = 30.0, rate: float = 0.01, growth: float = 1.5,
