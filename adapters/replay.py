@@ -165,6 +165,7 @@ class ReplayResult:
     note: str = ""                              # why metrics are missing, when they are
     channels: list | None = None                # forecast: the inputs (by position) the engine predicts
     events: Counter = field(default_factory=Counter)   # answers flagged outlier / rolled_back (the screen)
+    flagged: np.ndarray = field(repr=False, default=None)   # per answer: its row held an outlier
 
     def summary(self) -> dict:
         clean = lambda v: None if isinstance(v, float) and not math.isfinite(v) else v  # noqa: E731
@@ -188,6 +189,11 @@ def _score(result: ReplayResult, rows: Rows, window: int):
         pred, target, last = p[:-1], rows.x[idx[1:]][:, cols], rows.x[idx[:-1]][:, cols]
     else:                              # answer j predicts row j's targets; persistence: row j-1's
         pred, target, last = p[1:], rows.y[idx[1:]], rows.y[idx[:-1]]
+    if result.flagged is not None and result.flagged.any():
+        # a row the engine screened as an outlier is a glitch, not a target: as the engine's own
+        # metrics, neither it nor persistence from it is scored
+        keep = ~(result.flagged[1:] | result.flagged[:-1])
+        pred, target, last = pred[keep], target[keep], last[keep]
     if pred.shape[1] != target.shape[1]:
         result.note = (f"the engine predicts {pred.shape[1]} values, the rows have {target.shape[1]} "
                        f"{'inputs' if result.mode == 'forecast' else 'targets'}: not scored" +
@@ -231,7 +237,7 @@ def replay(path: str | Path, endpoint: str = DEFAULT_ENDPOINT, *, stream: str | 
     mode = "supervised" if rows.targets else "forecast"
     good = [i for i in range(len(table)) if i not in rows.bad]
     bar = ProgressBar(len(table), enabled=progress)
-    refused, answered, preds, events = Counter(), [], [], Counter()
+    refused, answered, preds, events, flagged = Counter(), [], [], Counter(), []
     t0 = time.perf_counter()
     if nats:
         from streamtrace.cluster.client import ClusterClient
@@ -254,7 +260,9 @@ def replay(path: str | Path, endpoint: str = DEFAULT_ENDPOINT, *, stream: str | 
             else:
                 answered.append(i)
                 preds.append(np.asarray(reply.pred, np.float64).reshape(-1))
-                events.update(k for k in ("outlier", "rolled_back") if isinstance(reply, dict) and reply.get(k))
+                got = [k for k in ("outlier", "rolled_back") if isinstance(reply, dict) and reply.get(k)]
+                events.update(got)
+                flagged.append("outlier" in got)
             bar(i + 1, sum(refused.values()), len(rows.bad))
     bar(len(table), sum(refused.values()), len(rows.bad), final=True)
     n_out = preds[0].size if preds else 0
@@ -262,7 +270,7 @@ def replay(path: str | Path, endpoint: str = DEFAULT_ENDPOINT, *, stream: str | 
                           {i: f"{table.where[i]}: {why}" for i, why in rows.bad.items()}, refused,
                           time.perf_counter() - t0, np.array(answered, int),
                           np.array(preds, np.float64).reshape(len(preds), n_out))
-    result.channels, result.events = channels, events
+    result.channels, result.events, result.flagged = channels, events, np.array(flagged, bool)
     _score(result, rows, window)
     return result
 
@@ -348,7 +356,8 @@ def _report(r: ReplayResult) -> str:
              f"refused {sum(r.refused.values())}" +
              (" (" + ", ".join(f"{c} {n}" for c, n in sorted(r.refused.items())) + ")" if r.refused else "")]
     if r.events:
-        lines.append(f"screened: {r.events['outlier']} steps with an outlier (not learnt from, not scored), "
+        lines.append(f"screened: {r.events['outlier']} steps with an outlier (not learnt from, not scored here "
+                     f"either), "
                      f"{r.events['rolled_back']} rolled back")
     for why in list(r.bad_rows.values())[:SHOWN_BAD_ROWS]:
         lines.append(f"  bad row, {why}")

@@ -60,9 +60,16 @@ def answers(core, msgs) -> list:
     return got
 
 
-def fake_sensor_client(answer):
+class _Reply(dict):
+    @property
+    def pred(self):
+        return self["pred"]
+
+
+def fake_sensor_client(answer, flags=None):
     """A stand-in for ``SensorClient`` (monkeypatched where a test needs no engine): the k-th
-    ``step(xs, ys)`` of a client (k from 1) answers ``answer(xs, ys, k)`` as the reply's ``pred``."""
+    ``step(xs, ys)`` of a client (k from 1) answers ``answer(xs, ys, k)`` as the reply's ``pred``,
+    with the reply's fields ``flags(xs, ys, k)`` (e.g. ``{"outlier": True}``) where given."""
     class Fake:
         def __init__(self, *a, **k):
             self.k = 0
@@ -75,7 +82,8 @@ def fake_sensor_client(answer):
 
         def step(self, xs, ys=None):
             self.k += 1
-            return type("R", (), {"pred": np.asarray(answer(xs, ys, self.k))})()
+            extra = {} if flags is None else flags(xs, ys, self.k)
+            return _Reply(pred=np.asarray(answer(xs, ys, self.k)), **extra)
     return Fake
 
 

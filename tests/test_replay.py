@@ -271,3 +271,26 @@ def test_a_rate_may_be_a_frequency(capsys):
     assert main(["replay", "f.csv", "--rate", "2 s"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--rate" in err[0] and "'2 s' is a duration" in err[0], err
+
+
+def test_rows_the_engine_screened_are_not_scored(tmp_path, monkeypatch):
+    """A glitch in the file (row 30: 1e40) that the engine flags as an outlier is neither a
+    target nor a persistence forecast in replay's score: the NRMSE is that of the other pairs,
+    computed here by hand (with it, the glitch alone made the score ~1)."""
+    n = 60
+    x = np.sin(0.3 * np.arange(n))
+    x[30] = 1e40
+    path = tmp_path / "glitch.csv"
+    path.write_text("x\n" + "".join(f"{float(a)!r}\n" for a in x))
+
+    def answer(xs, ys, k):                      # persistence, but for the glitch: the row before
+        return np.array([x[k - 2] if k - 1 == 30 else xs[0]])
+    monkeypatch.setattr("streamtrace.adapters.replay.SensorClient",
+                        fake_sensor_client(answer, lambda xs, ys, k: {"outlier": True} if k - 1 == 30 else {}))
+    r = replay(path, "ipc:///nowhere", columns=["x"], window=0)
+    pred = np.array([x[i - 1] if i == 30 else x[i] for i in range(n)])[:-1]
+    target, keep = x[1:], np.array([i not in (29, 30) for i in range(n - 1)])      # pairs touching row 30
+    want = np.sqrt(np.mean((pred[keep] - target[keep]) ** 2)) / np.std(target[keep])
+    assert r.events["outlier"] == 1 and len(r.scored_targets) == n - 3
+    assert r.nrmse == pytest.approx(want, rel=1e-12) and r.nrmse < 0.5
+
