@@ -34,7 +34,7 @@ def main(argv=None):
     from quality import CONFIGS
     from timing import machine_line
 
-    from streamtrace.engine.build import build_learner
+    from streamtrace.recipe.build import build_learner
     from streamtrace.evaluate import default_config, task_config
     from streamtrace.latency import percentiles, timed
     from streamtrace.tasks import get_task

@@ -23,7 +23,7 @@ from streamtrace.adapters import SensorClient
 from streamtrace.launch import start_engine, stop, write_config
 from streamtrace.engine.memory import rss_mb
 
-IMPORTS = "import jax, streamtrace.engine.server, streamtrace.engine.build, streamtrace.learner, sys; " \
+IMPORTS = "import jax, streamtrace.engine.server, streamtrace.recipe.build, streamtrace.learner, sys; " \
           "sys.stdout.write('ready\\n'); sys.stdout.flush(); sys.stdin.read()"
 
 

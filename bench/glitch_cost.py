@@ -38,7 +38,7 @@ def no_rollback():
 
 def default_sides() -> dict:
     from timing import step_call        # compiles its program now (inside no_rollback for a bare side)
-    from streamtrace.engine.build import build_learner
+    from streamtrace.recipe.build import build_learner
     from streamtrace.evaluate import default_config, task_config
     from streamtrace.tasks import get_task
     task = get_task("mackey-glass", None, 0)

@@ -31,7 +31,7 @@ from streamtrace.tasks import Task, TaskError, get_task  # noqa: E402
 _RES = {"stack": "reservoir", "precision": 64}
 _FROZEN_RLS = {"readout": {"kind": "rls"}, "learning": {"optimizer": "frozen"}}
 CONFIGS = {
-    # the documented default (engine.config.DEFAULT_LEARNER): 200-unit float64 reservoir,
+    # the documented default (recipe.DEFAULT_LEARNER): 200-unit float64 reservoir,
     # normalise + residual, RLS (two ridges), mixed with persistence and a running mean (experts)
     "default": None,
     "default without experts": {"combine": {"experts": False}},

@@ -80,7 +80,7 @@ def step_back_to_back(hidden, algorithm, mode, slots, n=3000, reps=5):
     import jax
     jax.config.update("jax_cpu_enable_async_dispatch", False)
     from streamtrace.engine import load_config
-    from streamtrace.engine.build import build_learner
+    from streamtrace.recipe.build import build_learner
     cfg = load_config(None, {"model": {"stack": "gru", "n_in": 1, "n_hidden": hidden, "n_out": 1},
                              "learning": {"algorithm": algorithm, "mode": mode,
                                           "forecast_before_update": mode == "forecast"}})

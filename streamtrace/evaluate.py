@@ -148,10 +148,10 @@ def prequential(step_fn: StepFn, inputs, targets=None, *, window: int = 1000, na
 
 # ---- streamtrace learners -----------------------------------------------------------------
 def default_config(task: Task) -> dict:
-    """The documented default learner (``engine.config.DEFAULT_LEARNER``, what ``serve`` runs
+    """The documented default learner (``recipe.DEFAULT_LEARNER``, what ``serve`` runs
     when its config names no model) as a TOML-equivalent dict for ``task``: the task decides
     n_in / n_out / mode."""
-    from .engine.config import DEFAULT_LEARNER
+    from .recipe.defaults import DEFAULT_LEARNER
     data = {section: dict(values) for section, values in DEFAULT_LEARNER.items()}
     data["model"].update(n_in=task.n_in, n_out=task.n_out)
     data["signal"]["residual"] = task.mode == "forecast"
@@ -225,9 +225,9 @@ def learner_step_fn(learner, mode: str) -> StepFn:
 
 def evaluate(task: Task | str, config: dict | str | Path | None = None, *, steps: int | None = None,
              window: int = 1000, seed: int = 0, label: str = "", progress=None) -> Result:
-    """Prequential evaluation of a streamtrace config (built by ``engine.build.build_learner``),
+    """Prequential evaluation of a streamtrace config (built by ``recipe.build_learner``),
     scored on the task's own spans where it has them. ``steps``: None is the task's default."""
-    from .engine.build import build_learner
+    from .recipe.build import build_learner
     if isinstance(task, str):
         task = get_task(task, steps, seed)
     data = config_data(task, config)

@@ -78,7 +78,7 @@ def _variant(cfg: EngineConfig, algorithm: str) -> EngineConfig:
 
 
 def _one(cfg: EngineConfig, slots: int, iters: int, warmup: int, max_seconds: float) -> dict:
-    from .engine.build import build_learner
+    from .recipe.build import build_learner
     from .engine.core import subset_sizes
     t0 = time.perf_counter()
     learner = build_learner(cfg, slots=slots, shared_weights=cfg.engine.shared_weights)

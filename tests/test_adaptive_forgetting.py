@@ -118,7 +118,7 @@ def test_resume_from_state_mid_forgetting_is_exact(x64):
 
 
 def test_default_learner_carries_the_detector():
-    from streamtrace.engine.build import build_learner
+    from streamtrace.recipe.build import build_learner
     from streamtrace.evaluate import default_config, task_config
     from streamtrace.tasks import get_task
     task = get_task("mackey-glass", 200)

@@ -13,7 +13,7 @@ import pytest
 
 from streamtrace import wire
 from streamtrace.engine import load_config
-from streamtrace.engine.build import build_learner
+from streamtrace.recipe.build import build_learner
 from streamtrace.engine.compile_cache import DEFAULT_DIR, disable, enable, entries
 from streamtrace.engine.core import EngineCore
 from streamtrace.engine.server import Engine

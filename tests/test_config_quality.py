@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from streamtrace.engine.build import build_learner
+from streamtrace.recipe.build import build_learner
 from streamtrace.engine.config import ConfigError, load_config
 
 BAD = [

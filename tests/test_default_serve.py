@@ -1,5 +1,5 @@
 """The one default: ``streamtrace serve`` with a config that names no model serves the default
-learner (engine/config.py DEFAULT_LEARNER), the one ``evaluate`` scores. Through a real engine
+learner (recipe/defaults.py DEFAULT_LEARNER), the one ``evaluate`` scores. Through a real engine
 process and ``streamtrace replay --serve`` it forecasts Mackey-Glass, and its answers are
 scored here again from the predictions it wrote (an independent recomputation)."""
 import json

@@ -27,7 +27,7 @@ import pytest
 from streamtrace import wire
 from streamtrace.adapters import EngineError, PushClient, SensorClient, Subscriber, WeightsSubscriber
 from streamtrace.engine import load_config
-from streamtrace.engine.build import build_learner
+from streamtrace.recipe.build import build_learner
 from streamtrace.learner import read_checkpoint
 
 from engine_helpers import (N_IN, N_OUT, loss_value, running_engine, stop_gracefully, stream_name,

@@ -8,7 +8,7 @@ import pytest
 
 from streamtrace import wire
 from streamtrace.engine import load_config
-from streamtrace.engine.build import build_learner
+from streamtrace.recipe.build import build_learner
 from streamtrace.engine.config import ConfigError
 from streamtrace.engine.core import EngineCore
 

@@ -12,7 +12,7 @@ from engine_helpers import answers
 
 from streamtrace import wire
 from streamtrace.engine import load_config
-from streamtrace.engine.build import build_learner
+from streamtrace.recipe.build import build_learner
 from streamtrace.engine.core import EngineCore
 from streamtrace.engine.memory import release_after_warmup, rss_mb
 

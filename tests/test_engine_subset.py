@@ -7,7 +7,7 @@ import numpy as np
 
 from streamtrace import wire
 from streamtrace.engine import EngineCore, load_config
-from streamtrace.engine.build import build_learner
+from streamtrace.recipe.build import build_learner
 
 N_IN = 2
 

@@ -196,7 +196,7 @@ def test_bad_spans_are_refused_by_name():
 
 def test_evaluate_scores_the_tasks_own_spans(monkeypatch):
     # the learner replaced by a fixed rule: this checks evaluate's wiring of Task.score / Task.spans
-    import streamtrace.engine.build as build
+    import streamtrace.recipe.build as build
     monkeypatch.setattr(build, "build_learner", lambda cfg: None)
     monkeypatch.setattr(ev, "learner_step_fn", lambda learner, mode: lambda x, y: 0.8 * x)
     series = np.sin(0.05 * np.arange(301.0)) + 0.01 * np.arange(301.0)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from streamtrace.engine import load_config
-from streamtrace.engine.build import build_learner
+from streamtrace.recipe.build import build_learner
 from streamtrace.engine.compile_cache import disable
 from streamtrace.engine.executables import ExecutableStore, fingerprint
 from streamtrace.engine.server import Engine

@@ -10,7 +10,7 @@ import streamtrace as st
 import pytest
 
 from streamtrace.engine import load_config
-from streamtrace.engine.build import build_learner
+from streamtrace.recipe.build import build_learner
 from streamtrace.learner import OnlineLearner, experts
 from streamtrace.nn import Stack
 from test_lagged_rls import NpRLS  # numpy oracle of the linear expert

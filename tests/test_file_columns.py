@@ -141,7 +141,7 @@ def test_channels_forecast_one_column_the_other_exogenous(tmp_path, n_out):
     """[learning] channels = [1] on a two-column file: both columns are inputs, column 1 is the
     target one step ahead, and the predictions are those of the learner built from the same
     config and stepped by hand over the file's rows (as Forecast(channels=[1]) does)."""
-    from streamtrace.engine.build import build_learner
+    from streamtrace.recipe.build import build_learner
     from streamtrace.engine.config import load_config
     a, b = signals(120)
     path = tmp_path / "two.csv"

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from streamtrace.engine import load_config
-from streamtrace.engine.build import build_learner
+from streamtrace.recipe.build import build_learner
 from streamtrace.learner.rolling import RollingMetrics
 from streamtrace.learner.screen import screen
 

@@ -22,7 +22,7 @@ import zmq.auth
 from streamtrace.adapters import SensorClient
 from streamtrace.launch import write_config
 from streamtrace.engine import ConfigError, load_config
-from streamtrace.engine.build import build_learner
+from streamtrace.recipe.build import build_learner
 from streamtrace.engine.server import open_engine
 from streamtrace.learner import CheckpointDir
 

@@ -330,7 +330,7 @@ def test_learner_slot_read_and_write_move_exactly_one_slot(shared):
     with per-slot weights; hidden, traces, pending input, transform statistics, readout, screen
     statistics, rollback counts, loss and rolling metrics with shared weights) and
     changes nothing else; checked on state_dict, not on the slot functions themselves."""
-    from streamtrace.engine.build import build_learner
+    from streamtrace.recipe.build import build_learner
     cfg = load_config(None, {"model": {"stack": "gru", "n_in": N_IN, "n_hidden": 4, "n_out": N_IN}, "learning": {"mode": "forecast"}})
     L = build_learner(cfg, slots=3, shared_weights=shared)
     rng = np.random.default_rng(7)

@@ -3,7 +3,7 @@ cell's weights move; the reservoir's stay exactly as drawn; bad settings are ref
 import numpy as np
 import pytest
 
-from streamtrace.engine.build import build_learner
+from streamtrace.recipe.build import build_learner
 from streamtrace.engine.config import ConfigError, load_config
 from streamtrace.evaluate import default_config
 from streamtrace.tasks import get_task

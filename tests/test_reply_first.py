@@ -9,7 +9,7 @@ import pytest
 
 from streamtrace import wire
 from streamtrace.engine import ConfigError, EngineCore, load_config
-from streamtrace.engine.build import build_learner
+from streamtrace.recipe.build import build_learner
 from streamtrace.learner import Forecast
 from streamtrace.learner.programs import Programs
 

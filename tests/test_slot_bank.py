@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from streamtrace.engine import load_config
-from streamtrace.engine.build import build_learner
+from streamtrace.recipe.build import build_learner
 from streamtrace.learner.bank import SlotBank
 
 N, N_IN = 4, 2

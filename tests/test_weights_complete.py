@@ -10,7 +10,7 @@ from engine_helpers import answers
 
 from streamtrace import wire
 from streamtrace.engine import load_config
-from streamtrace.engine.build import build_learner
+from streamtrace.recipe.build import build_learner
 from streamtrace.engine.core import EngineCore
 
 SECTIONS = {"model": {"stack": "reservoir", "n_in": 2, "n_hidden": 20, "n_out": 1, "precision": 64},

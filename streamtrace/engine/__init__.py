@@ -6,7 +6,7 @@ from .config import ConfigError, EngineConfig, load_config
 
 __all__ = ["EngineConfig", "ConfigError", "load_config", "build_model", "EngineCore", "Engine", "serve"]
 
-_LAZY = {"EngineCore": ".core", "Engine": ".server", "serve": ".server", "build_model": ".build"}
+_LAZY = {"EngineCore": ".core", "Engine": ".server", "serve": ".server", "build_model": "..recipe.build"}
 
 
 def __getattr__(name):

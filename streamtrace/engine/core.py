@@ -20,7 +20,7 @@ from .. import wire
 from ..learner.bank import SlotBank
 from ..learner.checkpoint import CheckpointDir
 from ..learner.labels import LabelError
-from .build import build_learner
+from ..recipe.build import build_learner
 from .ticks import Ticks
 from .config import EngineConfig
 from .metrics import Metrics

@@ -1,9 +1,9 @@
-"""The learner a config describes: the one place the export package reaches the config loader
-and the learner builder (``engine/config.py``, ``engine/build.py``)."""
+"""The learner a serve config describes: the one place the export package reads a config file
+(``engine/config.py`` owns the serve file's format) and builds its recipe (``recipe/build.py``)."""
 from __future__ import annotations
 
-from ..engine.build import build_learner
 from ..engine.config import ConfigError, EngineConfig, load_config
+from ..recipe.build import build_learner
 
 __all__ = ["ConfigError", "EngineConfig", "load_config", "learner_of", "learner_from_config"]
 
