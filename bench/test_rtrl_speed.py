@@ -16,7 +16,7 @@ from timing import step_call
 N_IN, N_OUT = 1, 1
 
 
-class DenseJacobianRTRL(st.RTRL):
+class DenseJacobianRTRL(st.etrace.RTRL):
     """The former method, kept only as the baseline: jacfwd over all parameters each step
     (one forward tangent per parameter) and M over every parameter."""
 

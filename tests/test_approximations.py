@@ -25,8 +25,8 @@ def test_gru_approximations_align_with_exact_rtrl(x64, seed, capsys):
     kx, ky = jax.random.split(jax.random.PRNGKey(100 + seed))
     xs = jax.random.normal(kx, (50, 2, 3))
     ys = jax.random.normal(ky, (50, 2, 2))
-    algos = {"rtrl": st.RTRL(model, xs[0]), "d-rtrl": st.D_RTRL(model, xs[0]),
-             "es-d-rtrl": st.ES_D_RTRL(model, xs[0], decay=0.5)}
+    algos = {"rtrl": st.etrace.RTRL(model, xs[0]), "d-rtrl": st.etrace.D_RTRL(model, xs[0]),
+             "es-d-rtrl": st.etrace.ES_D_RTRL(model, xs[0], decay=0.5)}
     recurrent = algos["d-rtrl"].graph.trace_params   # the readout is exact for all: leave it out
     assert recurrent and not any(n.startswith("out.") for n in recurrent)
     grads = {}

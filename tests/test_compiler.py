@@ -62,8 +62,8 @@ def build(step, batch=B, **kw):
 
 def rejects(model, *phrases, x=X):
     """compile_graph must raise CompileError whose message contains every phrase."""
-    with pytest.raises(st.CompileError) as info:
-        st.compile_graph(model, x)
+    with pytest.raises(st.etrace.CompileError) as info:
+        st.etrace.compile_graph(model, x)
     msg = str(info.value)
     for p in phrases:
         assert re.search(p, msg), f"{p!r} not in CompileError message: {msg}"
@@ -79,7 +79,7 @@ def leaky(c, drive):
 # control: the harness itself builds an acceptable model
 # ------------------------------------------------------------------------------------------
 def test_harness_valid_model_compiles():
-    g = st.compile_graph(build(lambda c, x: leaky(c, ops.matmul(x, c.W.value))), X)
+    g = st.etrace.compile_graph(build(lambda c, x: leaky(c, ops.matmul(x, c.W.value))), X)
     assert g.param_names == ("cell.W",)
     assert g.hidden_names == ("cell.h",)
     assert [gr.members for gr in g.groups] == [("cell.h",)]
@@ -88,7 +88,7 @@ def test_harness_valid_model_compiles():
 
 
 def test_compile_error_is_a_value_error():
-    assert issubclass(st.CompileError, ValueError)
+    assert issubclass(st.etrace.CompileError, ValueError)
 
 
 # ------------------------------------------------------------------------------------------
@@ -133,7 +133,7 @@ def test_two_ops_one_per_group_is_accepted():
         c.h1.value = 0.5 * c.h1.value + ops.matmul(x, c.W1.value)
         c.h2.value = 0.9 * c.h2.value + ops.matmul(x, c.W2.value)
         return c.h1.value + c.h2.value
-    g = st.compile_graph(build(step, params={"W1": (I, N), "W2": (I, N)}, hidden=("h1", "h2")), X)
+    g = st.etrace.compile_graph(build(step, params={"W1": (I, N), "W2": (I, N)}, hidden=("h1", "h2")), X)
     assert sorted(gr.name for gr in g.groups) == ["cell.h1", "cell.h2"]
     assert {r.weight: g.groups[r.group].name for r in g.traced_relations} == {
         "cell.W1": "cell.h1", "cell.W2": "cell.h2"}
@@ -195,7 +195,7 @@ def test_marked_dense_recurrence_is_accepted():
     def step(c, x):
         c.h.value = jnp.tanh(ops.matmul(x, c.W.value) + ops.matmul(c.h.value, c.R.value))
         return c.h.value
-    g = st.compile_graph(build(step, params={"W": (I, N), "R": (N, N)}), X)
+    g = st.etrace.compile_graph(build(step, params={"W": (I, N), "R": (N, N)}), X)
     assert set(g.trace_params) == {"cell.W", "cell.R"}
 
 
@@ -319,7 +319,7 @@ def test_weight_op_inside_nested_jit_names_the_weight():
 def test_nested_jit_without_weight_op_is_analysed_through():
     """A nested jit with no weight op inside is fine when element-wise, rejected when mixing."""
     ok = lambda c, x: leaky(c, jax.jit(lambda h: 0.9 * h)(c.h.value) + ops.matmul(x, c.W.value))
-    st.compile_graph(build(ok), X)
+    st.etrace.compile_graph(build(ok), X)
     mixing = lambda c, x: leaky(c, jax.jit(lambda h: jnp.roll(h, 1, -1))(c.h.value) + ops.matmul(x, c.W.value))
     rejects(build(mixing), r"hidden state 'cell\.h' depends on the previous value of 'cell\.h'")
 
@@ -343,7 +343,7 @@ GRU_PARAMS = {f"cell.{g}.{p}" for g in "zrn" for p in "Wb"} | {"out.W", "out.b"}
 
 
 def test_gru_explain_lists_every_parameter_exactly_once():
-    g = st.compile_graph(gru_net(), X)
+    g = st.etrace.compile_graph(gru_net(), X)
     assert set(g.param_names) == GRU_PARAMS
     r = rows(g.explain())
     named = [name for kind, name, _ in r if kind in ("weight", "param")]
@@ -368,9 +368,9 @@ def _stacked_ops(c, x):
 @pytest.mark.parametrize("case", ["gru-reset-gate", "stacked-ops"])
 def test_weight_feeding_hidden_via_another_op_is_explained_truthfully(case):
     if case == "gru-reset-gate":
-        g, names, hidden = st.compile_graph(gru_net(), X), ("cell.r.W", "cell.r.b"), "cell.h"
+        g, names, hidden = st.etrace.compile_graph(gru_net(), X), ("cell.r.W", "cell.r.b"), "cell.h"
     else:
-        g = st.compile_graph(build(_stacked_ops, params={"W": (I, N), "R": (N, N)}), X)
+        g = st.etrace.compile_graph(build(_stacked_ops, params={"W": (I, N), "R": (N, N)}), X)
         names, hidden = ("cell.W",), "cell.h"
     verdict = {name: v for kind, name, v in rows(g.explain()) if kind != "hidden"}
     for p in names:
@@ -379,7 +379,7 @@ def test_weight_feeding_hidden_via_another_op_is_explained_truthfully(case):
 
 
 def test_explain_filters():
-    g = st.compile_graph(gru_net(), X)
+    g = st.etrace.compile_graph(gru_net(), X)
     out_rows = rows(g.explain(weight="out"))
     assert sorted(n for _, n, _ in out_rows) == ["out.W", "out.b"]
     assert all(v.startswith("instant") for _, _, v in out_rows)
@@ -400,7 +400,7 @@ def test_explain_filters():
     (lif_net, ("cell.V",)),
 ], ids=["lstm", "alif", "lif"])
 def test_hidden_groups(make, members):
-    g = st.compile_graph(make(), X)
+    g = st.etrace.compile_graph(make(), X)
     assert len(g.groups) == 1
     grp = g.groups[0]
     assert grp.members == members
@@ -417,7 +417,7 @@ def test_hidden_groups(make, members):
 
 
 def test_lstm_all_gates_traced_into_the_two_state_group():
-    g = st.compile_graph(lstm_net(), X)
+    g = st.etrace.compile_graph(lstm_net(), X)
     verdict = {n: v for k, n, v in rows(g.explain()) if k != "hidden"}
     for gate in "ifgo":
         for p in "Wb":
@@ -437,13 +437,13 @@ def all_names():
     out = {}
     for mk in (gru_net, lstm_net, alif_net):
         m = mk()
-        g = st.compile_graph(m, x)
+        g = st.etrace.compile_graph(m, x)
         out[mk.__name__] = {
             "params": list(g.param_names),
             "hidden": list(g.hidden_names),
             "groups": [gr.name for gr in g.groups],
-            "d_rtrl": list(st.D_RTRL(m, x).init_traces().keys()),
-            "es_d_rtrl": list(st.ES_D_RTRL(m, x, decay=0.5).init_traces().keys()),
+            "d_rtrl": list(st.etrace.D_RTRL(m, x).init_traces().keys()),
+            "es_d_rtrl": list(st.etrace.ES_D_RTRL(m, x, decay=0.5).init_traces().keys()),
         }
     return out
 """
@@ -522,7 +522,7 @@ class TauNet(brainstate.nn.Module):
 def test_learnable_time_constant_is_instant_with_a_reason():
     m = TauNet()
     brainstate.nn.init_all_states(m, B)
-    g = st.compile_graph(m, X)
+    g = st.etrace.compile_graph(m, X)
     assert set(g.param_names) == {"cell.W", "cell.theta", "out.W", "out.b"}
     assert set(g.instant_params) == {"cell.theta", "out.W", "out.b"}
     assert g.trace_params == ("cell.W",)
@@ -535,7 +535,7 @@ def test_learnable_time_constant_is_instant_with_a_reason():
     # the parameter list of explain() still covers every parameter exactly once
     assert sorted(n for k, n, _ in rows(g.explain()) if k != "hidden") == sorted(g.param_names)
     # every parameter gets a gradient: instant ones by backprop through the step
-    algo = st.D_RTRL(g)
+    algo = st.etrace.D_RTRL(g)
     p, h, tr = algo.init_state()
     grads = jax.grad(lambda p: jnp.sum(algo(p, h, tr, X)[0] ** 2))(p)
     assert float(jnp.abs(grads["cell.theta"]).max()) > 0
@@ -543,7 +543,7 @@ def test_learnable_time_constant_is_instant_with_a_reason():
 
 def test_time_constant_through_marked_elementwise_op_is_traced():
     """Contrast with the above: DiagRNNCell's w_rec goes through ops.elementwise and gets a trace."""
-    g = st.compile_graph(diag_rnn_net(), X)
+    g = st.etrace.compile_graph(diag_rnn_net(), X)
     assert "cell.w_rec" in g.trace_params
     assert "cell.w_rec" not in g.instant_params
     (_, _, v), = rows(g.explain(weight="cell.w_rec"))
@@ -552,7 +552,7 @@ def test_time_constant_through_marked_elementwise_op_is_traced():
 
 @pytest.mark.parametrize("make", [gru_net, lstm_net, lif_net, alif_net], ids=["gru", "lstm", "lif", "alif"])
 def test_linear_readout_is_instant(make):
-    g = st.compile_graph(make(), X)
+    g = st.etrace.compile_graph(make(), X)
     assert {"out.W", "out.b"} <= set(g.instant_params)
     assert not {"out.W", "out.b"} & set(g.trace_params)
     readout = [r for r in g.relations if r.weight == "out.W"]

@@ -41,13 +41,13 @@ def test_custom_jvp_that_mixes_neurons_is_refused_by_name(x64):
     model = custom_leaky_net(unit_norm)
     xs, _ = data()
     with pytest.raises(CompileError, match="unit_norm"):
-        st.compile_graph(model, xs[0])
+        st.etrace.compile_graph(model, xs[0])
 
 
 def test_elementwise_custom_jvp_in_the_recurrence_matches_bptt(x64):
     model = custom_leaky_net(soft_clip)
     xs, ys = data()
-    algo = st.D_RTRL(model, xs[0])
+    algo = st.etrace.D_RTRL(model, xs[0])
     assert worst_vs_bptt(model, algo, xs, ys) <= 1e-6
 
 
@@ -60,7 +60,7 @@ def test_custom_vjp_surrogate_lif_matches_bptt(x64, nested):
     from models import JitVjpLIF, Stack, make
     model = make(Stack(JitVjpLIF)) if nested else vjp_lif_net()
     xs, ys = data(scale=2.0)
-    algo = st.D_RTRL(model, xs[0])
+    algo = st.etrace.D_RTRL(model, xs[0])
     assert worst_vs_bptt(model, algo, xs, ys) <= 1e-6
 
 
@@ -72,7 +72,7 @@ def test_custom_vjp_that_mixes_neurons_is_refused_by_name(x64):
     model = custom_leaky_net(pool)
     xs, _ = data()
     with pytest.raises(CompileError, match="pool"):
-        st.compile_graph(model, xs[0])
+        st.etrace.compile_graph(model, xs[0])
 
 
 # --- item 12: weights written as plain jax / brainstate layers ------------------------------------
@@ -84,7 +84,7 @@ def test_brainstate_linear_input_layer_is_traced_and_matches_bptt(x64, neuron):
     cell = {"lif": lambda n: nn.LIF(n, tau=5.0), "leaky": lambda n: nn.LeakyRate(n, tau=4.0)}[neuron]
     model = make(BrainstateLinearNet(cell, gain=3.0 if neuron == "lif" else 1.0))
     xs, ys = data(scale=2.0)
-    algo = st.D_RTRL(model, xs[0])
+    algo = st.etrace.D_RTRL(model, xs[0])
     assert set(algo.graph.trace_params) == {"inp.weight.weight", "inp.weight.bias"}
     assert worst_vs_bptt(model, algo, xs, ys) <= 1e-6
 
@@ -93,7 +93,7 @@ def test_plain_matmul_and_elementwise_gain_are_traced_and_match_bptt(x64):
     from models import PlainGainNet, make
     model = make(PlainGainNet())
     xs, ys = data()
-    algo = st.D_RTRL(model, xs[0])
+    algo = st.etrace.D_RTRL(model, xs[0])
     assert set(algo.graph.trace_params) == {"W", "b", "g"}
     assert worst_vs_bptt(model, algo, xs, ys) <= 1e-6
 
@@ -101,7 +101,7 @@ def test_plain_matmul_and_elementwise_gain_are_traced_and_match_bptt(x64):
 def test_brainstate_vanilla_rnn_cell_gets_traces():
     model = brainstate.nn.ValinaRNNCell(3, 5)
     brainstate.nn.init_all_states(model, 2)
-    g = st.compile_graph(model, jnp.ones((2, 3)))
+    g = st.etrace.compile_graph(model, jnp.ones((2, 3)))
     assert set(g.trace_params) == {"W.weight.weight", "W.weight.bias"}
 
 
@@ -111,7 +111,7 @@ def test_brainstate_gated_cells_are_refused_with_the_reason(cell):
     model = getattr(brainstate.nn, cell)(3, 5)
     brainstate.nn.init_all_states(model, 2)
     with pytest.raises(CompileError, match=r"W\w*\.weight\.weight.*through `split`"):
-        st.compile_graph(model, jnp.ones((2, 3)))
+        st.etrace.compile_graph(model, jnp.ones((2, 3)))
 
 
 def test_plain_parameter_that_changes_a_state_warns_at_compile_time():
@@ -131,7 +131,7 @@ def test_plain_parameter_that_changes_a_state_warns_at_compile_time():
     from models import Stack, make
     model = make(Stack(LearnedLeak, gain=1.0))
     with pytest.warns(st.etrace.CompileWarning, match=r"cell\.theta.*hidden state 'cell\.v'"):
-        g = st.compile_graph(model, jnp.ones((2, 3)))
+        g = st.etrace.compile_graph(model, jnp.ones((2, 3)))
     assert "WARNING" in g.explain("cell.theta")
 
 
@@ -142,7 +142,7 @@ def test_d_rtrl_is_exact_only_without_a_second_group_and_explain_says_so(x64, re
     from models import make
     model = make(st.nn.Stack("lif", n_in=3, n_hidden=5, n_out=2, readout=readout, gain=3.0))
     xs, ys = data(scale=2.0)
-    algo = st.D_RTRL(model, xs[0])
+    algo = st.etrace.D_RTRL(model, xs[0])
     params, grads = online_grads(algo, xs, ys)
     hidden = algo.graph.init_hidden()
     err = {n: 0.0 for n in params}
@@ -169,7 +169,7 @@ def test_per_neuron_time_constants_stay_exact(x64):
                              bias_spread=1.0))
     assert np.ptp(np.asarray(model.cell.alpha)) > 0.3 and np.ptp(np.asarray(model.inp.b.value)) > 0.1
     xs, ys = data(scale=2.0)
-    algo = st.D_RTRL(model, xs[0])
+    algo = st.etrace.D_RTRL(model, xs[0])
     assert worst_vs_bptt(model, algo, xs, ys) <= 1e-6
 
 
@@ -183,5 +183,5 @@ def test_stack_refuses_bad_time_constants(bad):
 def test_default_neuron_stack_reads_out_without_a_second_group(kind):
     model = st.nn.Stack(kind, n_in=2, n_hidden=4, n_out=1)
     brainstate.nn.init_all_states(model)
-    g = st.compile_graph(model, jnp.zeros(2))
+    g = st.etrace.compile_graph(model, jnp.zeros(2))
     assert len(g.groups) == 1 and "WARNING" not in g.explain()

@@ -91,7 +91,7 @@ def close(actual, desired, rtol=1e-9):
 def test_es_d_rtrl_matches_numpy_formulas_every_step(x64, decay):
     model = make_model()
     xs, ys = make_data()
-    algo = st.ES_D_RTRL(model, jnp.asarray(xs[0]), decay=decay)
+    algo = st.etrace.ES_D_RTRL(model, jnp.asarray(xs[0]), decay=decay)
     params, _, traces0 = algo.init_state()
     assert params["inp.W"].dtype == jnp.float64
     assert set(traces0) == {"xbar.inp.W", "fbar.inp.W", "xbar.inp.b"}
@@ -127,7 +127,7 @@ def test_es_d_rtrl_decay_zero_is_instantaneous(x64):
     """a = 0: xbar = x_t, fbar = F_t = 1, so dW is the one-step (no-history) gradient."""
     model = make_model()
     xs, ys = make_data()
-    algo = st.ES_D_RTRL(model, jnp.asarray(xs[0]), decay=0.0)
+    algo = st.etrace.ES_D_RTRL(model, jnp.asarray(xs[0]), decay=0.0)
     params, _, _ = algo.init_state()
     got = online_rows(algo, params, xs[:10], ys[:10])
     for t in range(10):
@@ -140,7 +140,7 @@ def test_es_d_rtrl_differs_from_numpy_with_wrong_decay(x64):
     """Sanity of the oracle's sensitivity: a different decay gives a measurably different gradient."""
     model = make_model()
     xs, ys = make_data()
-    algo = st.ES_D_RTRL(model, jnp.asarray(xs[0]), decay=0.6)
+    algo = st.etrace.ES_D_RTRL(model, jnp.asarray(xs[0]), decay=0.6)
     params, _, _ = algo.init_state()
     W, b = np.asarray(params["inp.W"]), np.asarray(params["inp.b"])
     ref = numpy_es_d_rtrl(W, b, xs, ys, 0.5)
@@ -152,19 +152,19 @@ def test_es_d_rtrl_differs_from_numpy_with_wrong_decay(x64):
 @pytest.mark.parametrize("rank", [1, 2, 3, 7.5])
 def test_rank_gives_decay(rank):
     model = make_model()
-    algo = st.ES_D_RTRL(model, jnp.ones((B, I)), rank=rank)
+    algo = st.etrace.ES_D_RTRL(model, jnp.ones((B, I)), rank=rank)
     assert algo.decay == pytest.approx((rank - 1.0) / (rank + 1.0), rel=1e-15, abs=0)
     assert 0.0 <= algo.decay < 1.0
 
 
 def test_rank_one_is_decay_zero():
     model = make_model()
-    algo = st.ES_D_RTRL(model, jnp.ones((B, I)), rank=1)
+    algo = st.etrace.ES_D_RTRL(model, jnp.ones((B, I)), rank=1)
     assert algo.decay == 0.0
 
 
 def test_pp_prop_alias():
-    assert st.pp_prop is st.ES_D_RTRL
+    assert st.etrace.pp_prop is st.etrace.ES_D_RTRL
 
 
 @pytest.mark.parametrize("kw", [dict(decay=1.0), dict(decay=-0.1), dict(decay=1.5),
@@ -173,4 +173,4 @@ def test_pp_prop_alias():
 def test_invalid_decay_or_rank_raises(kw):
     model = make_model()
     with pytest.raises(ValueError):
-        st.ES_D_RTRL(model, jnp.ones((B, I)), **kw)
+        st.etrace.ES_D_RTRL(model, jnp.ones((B, I)), **kw)

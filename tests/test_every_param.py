@@ -12,7 +12,7 @@ from models import (alif_net, chained_net, diag_rnn_net, gru_net, lif_net, lstm_
 
 STACKS = {"lif": lif_net, "alif": alif_net, "leaky-rate": rate_net, "two-layer-rate": two_layer_rate_net,
           "diag-rnn": diag_rnn_net, "gru": gru_net, "lstm": lstm_net, "rnn": rnn_net, "chained": chained_net}
-ALGOS = {"d-rtrl": lambda m, x: st.D_RTRL(m, x), "es-d-rtrl": lambda m, x: st.ES_D_RTRL(m, x, rank=4)}
+ALGOS = {"d-rtrl": lambda m, x: st.etrace.D_RTRL(m, x), "es-d-rtrl": lambda m, x: st.etrace.ES_D_RTRL(m, x, rank=4)}
 
 
 def _run(algo, xs, ys, steps):
@@ -61,13 +61,13 @@ def test_first_step_is_exact_for_every_stack(x64, stack):
     xs, ys = _data()
     f = ModelFunction(model)
     a = 0.3
-    for algo in (st.D_RTRL(model, xs[0]), st.ES_D_RTRL(model, xs[0], decay=a), st.RTRL(model, xs[0])):
+    for algo in (st.etrace.D_RTRL(model, xs[0]), st.etrace.ES_D_RTRL(model, xs[0], decay=a), st.etrace.RTRL(model, xs[0])):
         params, h0, g = _run(algo, xs, ys, steps=1)
         oracle = jax.grad(lambda p: mse(f(p, h0, xs[0])[0], ys[0]))(params)
         # ES-D-RTRL's fbar carries the (1 - a) normalisation of DESIGN.md: at step 0 its
         # matmul-weight gradients are (1 - a) times the exact ones
         scaled = {p for r in algo.graph.traced_relations if r.kind == "matmul" for p in r.params} \
-            if isinstance(algo, st.ES_D_RTRL) else set()
+            if isinstance(algo, st.etrace.ES_D_RTRL) else set()
         for n in params:
             want = oracle[n] * (1 - a) if n in scaled else oracle[n]
             assert rel_err(g[n], want) <= 1e-9, (algo.name, n)

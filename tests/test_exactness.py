@@ -25,7 +25,7 @@ def data(model_in=3, model_out=2, batch=2, steps=T, seed=1):
 def test_d_rtrl_equals_bptt_at_every_step_on_elementwise_models(x64, make):
     model = make()
     xs, ys = data()
-    algo = st.D_RTRL(model, xs[0])
+    algo = st.etrace.D_RTRL(model, xs[0])
     params, grads = online_grads(algo, xs, ys)
     hidden = algo.graph.init_hidden()
     # the oracle is costly (t+1 unrolled steps per t): check a spread of steps, incl. the last
@@ -43,7 +43,7 @@ def test_d_rtrl_every_step_lif(x64):
     """All 50 steps, not a sample, on the LIF stack."""
     model = lif_net()
     xs, ys = data()
-    algo = st.D_RTRL(model, xs[0])
+    algo = st.etrace.D_RTRL(model, xs[0])
     params, grads = online_grads(algo, xs, ys)
     hidden = algo.graph.init_hidden()
     f = st.etrace.model_fn.ModelFunction(model)
@@ -68,7 +68,7 @@ def test_d_rtrl_every_step_lif(x64):
 def test_exact_rtrl_equals_bptt_on_dense_recurrence(x64, make):
     model = make()
     xs, ys = data()
-    algo = st.RTRL(model, xs[0])
+    algo = st.etrace.RTRL(model, xs[0])
     params, grads = online_grads(algo, xs, ys)
     hidden = algo.graph.init_hidden()
     for t in (0, 3, 17, T - 1):

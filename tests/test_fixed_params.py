@@ -60,7 +60,7 @@ def test_d_rtrl_with_a_fixed_cell_keeps_no_trace_for_it_and_equals_bptt_on_the_r
     fixed = fixed_names(model, "cells.fixed.")
     assert len(fixed) >= 2
     xs, ys = data()
-    algo = st.D_RTRL(model, xs[0], fixed=fixed)
+    algo = st.etrace.D_RTRL(model, xs[0], fixed=fixed)
     assert algo.graph.fixed_params == fixed
     traces = algo.init_traces()
     assert not [k for k in traces if any(k.endswith(n) for n in fixed)], sorted(traces)
@@ -73,7 +73,7 @@ def test_exact_rtrl_with_fixed_gate_weights_equals_bptt_on_the_rest(x64):
     model = gru_net()
     fixed = fixed_names(model, "cell.r.")
     xs, ys = data()
-    algo = st.RTRL(model, xs[0], fixed=fixed)
+    algo = st.etrace.RTRL(model, xs[0], fixed=fixed)
     assert not [k for k in algo.init_traces() if any(k.endswith(n) for n in fixed)]
     check_against_bptt(model, algo, fixed, xs, ys)
 
@@ -82,7 +82,7 @@ def test_es_d_rtrl_keeps_no_trace_for_fixed_weights(x64):
     model = gru_net()
     fixed = fixed_names(model, "cell.z.")     # the update gate: traced unless fixed
     xs, _ = data()
-    full, part = st.ES_D_RTRL(model, xs[0], decay=0.9), st.ES_D_RTRL(model, xs[0], decay=0.9, fixed=fixed)
+    full, part = st.etrace.ES_D_RTRL(model, xs[0], decay=0.9), st.etrace.ES_D_RTRL(model, xs[0], decay=0.9, fixed=fixed)
     dropped = set(full.init_traces()) - set(part.init_traces())
     assert dropped and all(any(n in k for n in fixed) for k in dropped), dropped
 
@@ -90,7 +90,7 @@ def test_es_d_rtrl_keeps_no_trace_for_fixed_weights(x64):
 def test_unknown_fixed_name_is_refused_by_name():
     model = gru_net()
     with pytest.raises(ValueError, match="cell.q.W"):
-        st.D_RTRL(model, jnp.zeros((2, 3)), fixed=("cell.q.W",))
+        st.etrace.D_RTRL(model, jnp.zeros((2, 3)), fixed=("cell.q.W",))
 
 
 def test_learner_frozen_group_is_fixed_and_never_moves():

@@ -38,7 +38,7 @@ def test_shared_update_is_the_sum_of_every_streams_bptt_gradient(x64):
     before, delta = fleet_update("rtrl", xs, ys, STREAMS)
     model = make(CellNet(st.nn.GRUCell), batch=STREAMS)      # the oracle's own copy, same seed
     f = ModelFunction(model)
-    hidden = st.D_RTRL(model, jnp.asarray(xs[0])).graph.init_hidden()      # zeros, batched per stream
+    hidden = st.etrace.D_RTRL(model, jnp.asarray(xs[0])).graph.init_hidden()      # zeros, batched per stream
 
     def total(p):
         h, loss = hidden, 0.0

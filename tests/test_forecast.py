@@ -64,7 +64,7 @@ def test_forecast_equals_reference_loop(x64):
 
     model = CellNet(nn.GRUCell, n_in=1, n_hidden=6, n_out=1)
     brainstate.nn.init_all_states(model)
-    algo = st.D_RTRL(model, jnp.zeros(1))
+    algo = st.etrace.D_RTRL(model, jnp.zeros(1))
     f = ModelFunction(model)
     p, h, tr = algo.init_state()
     opt_state = opt.init(p)

@@ -43,7 +43,7 @@ def schedule(steps, d, seed=1):
     return out
 
 
-def reference(runs, make_algo=st.D_RTRL):
+def reference(runs, make_algo=st.etrace.D_RTRL):
     """The rule, offline, for streams (xs, ys, arrivals) sharing one set of weights: per step,
     each stream predicts with the current weights; when the label of a stream's step t
     arrives, the gradient of mse(out_t, y_t) through that one step (its weights, hidden state
@@ -111,7 +111,7 @@ def test_slots_follow_the_offline_rule(x64, shared):
         for k, (_, ys, arrivals) in enumerate(runs):
             for t in arrivals.get(s, []):
                 learner.label(ys[t], age=s - t, slot=k)
-    got, es = learner.params, lambda m, x: st.ES_D_RTRL(m, x, decay=0.8)
+    got, es = learner.params, lambda m, x: st.etrace.ES_D_RTRL(m, x, decay=0.8)
     if shared:
         want, _ = reference(runs, es)
         assert max(np.abs(got[n] - want[n]).max() for n in want) < 1e-11

@@ -111,9 +111,9 @@ CASES = [
     pytest.param("gru", "rtrl", lambda: optax.sgd(0.1), None, id="gru-rtrl-sgd"),
     pytest.param("gru", "d-rtrl", lambda: optax.sgd(0.1), 0.05, id="gru-d_rtrl-sgd-clip"),
 ]
-REF_ALGO = {"d-rtrl": lambda m, x: st.D_RTRL(m, x),
-            "es-d-rtrl": lambda m, x: st.ES_D_RTRL(m, x, decay=0.8),
-            "rtrl": lambda m, x: st.RTRL(m, x)}
+REF_ALGO = {"d-rtrl": lambda m, x: st.etrace.D_RTRL(m, x),
+            "es-d-rtrl": lambda m, x: st.etrace.ES_D_RTRL(m, x, decay=0.8),
+            "rtrl": lambda m, x: st.etrace.RTRL(m, x)}
 
 
 @pytest.mark.parametrize("model_name,algorithm,make_opt,clip", CASES)
@@ -148,7 +148,7 @@ def test_different_keys_give_different_models(x64):
     def params(seed):
         model = gru(seed=seed)
         brainstate.nn.init_all_states(model, None)
-        return st.D_RTRL(model, jnp.zeros(N_IN)).init_state()[0]
+        return st.etrace.D_RTRL(model, jnp.zeros(N_IN)).init_state()[0]
     a, b, c = params(0), params(0), params(1)
     assert all(np.array_equal(a[k], b[k]) for k in a)
     assert not np.array_equal(a["cell.z.W"], c["cell.z.W"])

@@ -61,8 +61,8 @@ def _same(a, b):
 CASES = {
     "decay": (dict(algorithm="es-d-rtrl", decay=0.7), dict(algorithm=st.es_d_rtrl(decay=0.7)), _model, None, False),
     "rank": (dict(algorithm="es-d-rtrl", rank=1), dict(algorithm=st.es_d_rtrl(rank=1)), _model, None, False),
-    "signal": (dict(algorithm="d-rtrl", signal=st.KappaFilter(0.5)),
-               dict(algorithm=st.d_rtrl(signal=st.KappaFilter(0.5))), _model, None, False),
+    "signal": (dict(algorithm="d-rtrl", signal=st.etrace.KappaFilter(0.5)),
+               dict(algorithm=st.d_rtrl(signal=st.etrace.KappaFilter(0.5))), _model, None, False),
     "lr": (dict(lr=1e-2), dict(optimizer=st.adam(1e-2)), _model, None, False),
     "clip": (dict(clip=0.05), dict(optimizer=optax.chain(optax.clip_by_global_norm(0.05), st.adam(1e-3))),
              _model, None, False),

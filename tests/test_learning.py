@@ -60,7 +60,7 @@ def learn(model, make_algo, steps=STEPS, lr=1e-3):
     return losses[:100].mean(), losses[-100:].mean()
 
 
-ALGOS = {"d-rtrl": lambda m, x: st.D_RTRL(m, x), "es-d-rtrl": lambda m, x: st.ES_D_RTRL(m, x, decay=0.8)}
+ALGOS = {"d-rtrl": lambda m, x: st.etrace.D_RTRL(m, x), "es-d-rtrl": lambda m, x: st.etrace.ES_D_RTRL(m, x, decay=0.8)}
 
 
 @pytest.mark.slow

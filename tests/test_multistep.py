@@ -26,7 +26,7 @@ def _prefix(algo, xs):
 
 def _window_grad(algo, params, h, tr, xs, ys, *extra):
     def L(p):
-        outs, _, _ = algo(p, h, tr, st.MultiStepData(xs[T0:]), *extra)
+        outs, _, _ = algo(p, h, tr, st.etrace.MultiStepData(xs[T0:]), *extra)
         return jnp.sum((outs - ys[T0:]) ** 2)
     return jax.jit(jax.grad(L))(params)
 
@@ -48,7 +48,7 @@ def _full_history_grad(model, params, h0, xs, ys):
 def test_multistep_equals_window_bptt_plus_trace_term_on_gru(x64):
     model = gru_net()
     xs, ys = _data()
-    algo = st.D_RTRL(model, xs[0], vjp_method="multi-step")
+    algo = st.etrace.D_RTRL(model, xs[0], vjp_method="multi-step")
     params, h, tr = _prefix(algo, xs)
     got = _window_grad(algo, params, h, tr, xs, ys)
     f = ModelFunction(model)
@@ -77,7 +77,7 @@ def test_multistep_rtrl_equals_full_bptt_on_gru(x64):
     """With exact traces the window gradient is the full-history BPTT gradient."""
     model = gru_net()
     xs, ys = _data()
-    algo = st.RTRL(model, xs[0], vjp_method="multi-step")
+    algo = st.etrace.RTRL(model, xs[0], vjp_method="multi-step")
     params, h, tr = _prefix(algo, xs)
     got = _window_grad(algo, params, h, tr, xs, ys)
     want = _full_history_grad(model, params, algo.graph.init_hidden(), xs, ys)
@@ -91,7 +91,7 @@ def test_window_on_elementwise_model_equals_full_bptt(x64, method):
     (single-step over a window: the reference library refuses this input)."""
     model = alif_net()
     xs, ys = _data()
-    algo = st.D_RTRL(model, xs[0], vjp_method=method)
+    algo = st.etrace.D_RTRL(model, xs[0], vjp_method=method)
     params, h, tr = _prefix(algo, xs)
     got = _window_grad(algo, params, h, tr, xs, ys)
     want = _full_history_grad(model, params, algo.graph.init_hidden(), xs, ys)
@@ -102,7 +102,7 @@ def test_window_on_elementwise_model_equals_full_bptt(x64, method):
 def test_single_step_over_window_sums_per_step_online_gradients(x64):
     model = gru_net()
     xs, ys = _data()
-    algo = st.D_RTRL(model, xs[0])
+    algo = st.etrace.D_RTRL(model, xs[0])
     params, h, tr = _prefix(algo, xs)
     got = _window_grad(algo, params, h, tr, xs, ys)
 
@@ -136,13 +136,13 @@ def test_single_step_data_is_broadcast_to_every_step(x64):
     brainstate.nn.init_all_states(model, 2)
     xs, _ = _data()
     bias = jnp.full((2, 4), 0.3)
-    algo = st.D_RTRL(model, xs[0], bias)
+    algo = st.etrace.D_RTRL(model, xs[0], bias)
     params, h, tr = algo.init_state()
-    outs, h_w, _ = algo(params, h, tr, st.MultiStepData(xs[:4]), st.SingleStepData(bias))
+    outs, h_w, _ = algo(params, h, tr, st.etrace.MultiStepData(xs[:4]), st.etrace.SingleStepData(bias))
     step_h = h
     for t in range(4):
         out, step_h, tr = algo(params, step_h, tr, xs[t], bias)
         assert jnp.allclose(outs[t], out)
     assert jnp.allclose(h_w["cell.V"], step_h["cell.V"])
     with pytest.raises(ValueError, match="window length"):
-        algo(params, h, tr, st.MultiStepData(xs[:4]), st.MultiStepData(jnp.zeros((3, 2, 4))))
+        algo(params, h, tr, st.etrace.MultiStepData(xs[:4]), st.etrace.MultiStepData(jnp.zeros((3, 2, 4))))

@@ -12,9 +12,9 @@ import streamtrace as st
 
 N, N_IN, H, N_OUT = 3, 3, 4, 2
 
-ALGOS = {"d-rtrl": lambda m, x, **kw: st.D_RTRL(m, x, **kw),
-         "es-d-rtrl": lambda m, x, **kw: st.ES_D_RTRL(m, x, decay=0.6, **kw)}
-HOOKS = {"none": lambda: None, "feedback": lambda: st.RandomFeedback(3), "kappa": lambda: st.KappaFilter(0.4)}
+ALGOS = {"d-rtrl": lambda m, x, **kw: st.etrace.D_RTRL(m, x, **kw),
+         "es-d-rtrl": lambda m, x, **kw: st.etrace.ES_D_RTRL(m, x, decay=0.6, **kw)}
+HOOKS = {"none": lambda: None, "feedback": lambda: st.etrace.RandomFeedback(3), "kappa": lambda: st.etrace.KappaFilter(0.4)}
 
 
 @pytest.mark.parametrize("hook", list(HOOKS))

@@ -20,7 +20,7 @@ def test_d_rtrl_equals_bptt_on_the_rotation_bank(x64):
     model = make(CellNet(nn.Rotations, n_in=3, n_hidden=6))
     kx, ky = jax.random.split(jax.random.PRNGKey(3))
     xs, ys = jax.random.normal(kx, (T, 2, 3)), jax.random.normal(ky, (T, 2, 2))
-    algo = st.D_RTRL(model, xs[0])
+    algo = st.etrace.D_RTRL(model, xs[0])
     # the four couplings and both input weights carry traces; a and b of a unit form one group
     assert {"cell.c_aa", "cell.c_ab", "cell.c_ba", "cell.c_bb", "cell.W_a", "cell.W_b"} <= set(algo.graph.trace_params)
     assert sorted(g.size for g in algo.graph.groups) == [2]

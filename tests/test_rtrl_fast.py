@@ -76,7 +76,7 @@ def test_rtrl_equals_bptt_at_every_step(x64, kind):
     kx, ky = jax.random.split(jax.random.PRNGKey(3))
     xs = 1.5 * jax.random.normal(kx, (T, 2, 3))
     ys = jax.random.normal(ky, (T, 2, 2))
-    algo = st.RTRL(model, xs[0])
+    algo = st.etrace.RTRL(model, xs[0])
     params, hidden, traces = algo.init_state()
 
     def loss(p, h, tr, x, y):
@@ -96,7 +96,7 @@ def test_rtrl_equals_bptt_at_every_step(x64, kind):
 def test_sensitivity_holds_only_parameters_that_reach_the_state():
     model = st.nn.Stack("gru", 2, 4, 3)
     brainstate.nn.init_all_states(model)
-    algo = st.RTRL(model, jnp.zeros(2))
+    algo = st.etrace.RTRL(model, jnp.zeros(2))
     reach = params_reaching_hidden(algo.graph)
     assert set(reach) == {n for n in algo.graph.param_names if n.startswith("cell.")}
     p0 = algo.graph.init_params()

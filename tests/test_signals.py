@@ -62,9 +62,9 @@ def assert_spiking(rows):
 def test_random_feedback_d_rtrl_matches_manual_contraction(x64):
     model = lif_net()
     xs, ys = data()
-    hook = st.RandomFeedback(seed=3)
-    algo = st.D_RTRL(model, jnp.asarray(xs[0]), signal=hook)
-    plain = st.D_RTRL(model, jnp.asarray(xs[0]))
+    hook = st.etrace.RandomFeedback(seed=3)
+    algo = st.etrace.D_RTRL(model, jnp.asarray(xs[0]), signal=hook)
+    plain = st.etrace.D_RTRL(model, jnp.asarray(xs[0]))
     params, _, _ = algo.init_state()
 
     bound = algo.signal   # bind() fits a copy of the hook to this algorithm
@@ -97,8 +97,8 @@ def test_random_feedback_d_rtrl_matches_manual_contraction(x64):
 def test_random_feedback_es_d_rtrl_matches_manual_contraction(x64):
     model = lif_net()
     xs, ys = data()
-    hook = st.RandomFeedback(seed=4)
-    algo = st.ES_D_RTRL(model, jnp.asarray(xs[0]), decay=0.5, signal=hook)
+    hook = st.etrace.RandomFeedback(seed=4)
+    algo = st.etrace.ES_D_RTRL(model, jnp.asarray(xs[0]), decay=0.5, signal=hook)
     params, _, _ = algo.init_state()
     Bm = np.asarray(algo.signal.B[0])
     rows = online_rows(algo, params, xs, ys)
@@ -116,9 +116,9 @@ def test_random_feedback_es_d_rtrl_matches_manual_contraction(x64):
 def test_random_feedback_matrix_seed_and_scale():
     model = lif_net()
     x = jnp.ones((B_, N_IN))
-    h1, h2, h3 = st.RandomFeedback(seed=7), st.RandomFeedback(seed=7), st.RandomFeedback(seed=8)
-    h4 = st.RandomFeedback(seed=7, scale=2.0)
-    b1, b2, b3, b4 = (st.D_RTRL(model, x, signal=h).signal for h in (h1, h2, h3, h4))
+    h1, h2, h3 = st.etrace.RandomFeedback(seed=7), st.etrace.RandomFeedback(seed=7), st.etrace.RandomFeedback(seed=8)
+    h4 = st.etrace.RandomFeedback(seed=7, scale=2.0)
+    b1, b2, b3, b4 = (st.etrace.D_RTRL(model, x, signal=h).signal for h in (h1, h2, h3, h4))
     np.testing.assert_array_equal(b1.B[0], b2.B[0])
     assert not np.allclose(b1.B[0], b3.B[0])
     # default scale 1/sqrt(n_out): same draws, rescaled
@@ -139,7 +139,7 @@ def test_random_feedback_needs_single_array_output():
 
     model = make(TwoOutputs())
     with pytest.raises(TypeError):
-        st.D_RTRL(model, jnp.ones((B_, N_IN)), signal=st.RandomFeedback(0))
+        st.etrace.D_RTRL(model, jnp.ones((B_, N_IN)), signal=st.etrace.RandomFeedback(0))
 
 
 # ---- (b) KappaFilter ------------------------------------------------------------------------
@@ -147,8 +147,8 @@ def test_random_feedback_needs_single_array_output():
 def test_kappa_filter_d_rtrl_recursion_and_gradient(x64, kappa):
     model = lif_net()
     xs, ys = data()
-    algo = st.D_RTRL(model, jnp.asarray(xs[0]), signal=st.KappaFilter(kappa))
-    plain = st.D_RTRL(model, jnp.asarray(xs[0]))
+    algo = st.etrace.D_RTRL(model, jnp.asarray(xs[0]), signal=st.etrace.KappaFilter(kappa))
+    plain = st.etrace.D_RTRL(model, jnp.asarray(xs[0]))
     params, _, traces0 = algo.init_state()
     assert set(traces0) == {"eps.inp.W", "eps.inp.b", "kappa.eps.inp.W", "kappa.eps.inp.b"}
     rows, ref = online_rows(algo, params, xs, ys), online_rows(plain, params, xs, ys)
@@ -179,7 +179,7 @@ def test_kappa_filter_es_d_rtrl_filters_each_factor(x64):
     kappa = 0.6
     model = lif_net()
     xs, ys = data()
-    algo = st.ES_D_RTRL(model, jnp.asarray(xs[0]), decay=0.5, signal=st.KappaFilter(kappa))
+    algo = st.etrace.ES_D_RTRL(model, jnp.asarray(xs[0]), decay=0.5, signal=st.etrace.KappaFilter(kappa))
     params, _, traces0 = algo.init_state()
     base = ("xbar.inp.W", "fbar.inp.W", "xbar.inp.b")
     assert set(traces0) == set(base) | {"kappa." + n for n in base}
@@ -200,8 +200,8 @@ def test_kappa_filter_es_d_rtrl_filters_each_factor(x64):
 def test_kappa_zero_is_no_filter(x64):
     model = lif_net()
     xs, ys = data(steps=8)
-    algo = st.D_RTRL(model, jnp.asarray(xs[0]), signal=st.KappaFilter(0.0))
-    plain = st.D_RTRL(model, jnp.asarray(xs[0]))
+    algo = st.etrace.D_RTRL(model, jnp.asarray(xs[0]), signal=st.etrace.KappaFilter(0.0))
+    plain = st.etrace.D_RTRL(model, jnp.asarray(xs[0]))
     params, _, _ = algo.init_state()
     rows, ref = online_rows(algo, params, xs, ys), online_rows(plain, params, xs, ys)
     for r, p in zip(rows, ref):
@@ -215,13 +215,13 @@ def test_chain_random_feedback_and_kappa(x64, order):
     kappa = 0.7
     model = lif_net()
     xs, ys = data()
-    rf, kf = st.RandomFeedback(seed=11), st.KappaFilter(kappa)
+    rf, kf = st.etrace.RandomFeedback(seed=11), st.etrace.KappaFilter(kappa)
     hooks = [rf, kf] if order == "rf-kappa" else (kf, rf)
-    algo = st.D_RTRL(model, jnp.asarray(xs[0]), signal=hooks)
+    algo = st.etrace.D_RTRL(model, jnp.asarray(xs[0]), signal=hooks)
     assert isinstance(algo.signal, Chain)
     params, _, traces0 = algo.init_state()
     assert "kappa.eps.inp.W" in traces0
-    bound_rf = [h for h in algo.signal.hooks if isinstance(h, st.RandomFeedback)][0]
+    bound_rf = [h for h in algo.signal.hooks if isinstance(h, st.etrace.RandomFeedback)][0]
     Bm = np.asarray(bound_rf.B[0])
     rows = online_rows(algo, params, xs, ys)
     assert max(np.abs(r["grads"]["inp.W"]).max() for r in rows) > 1e-3
@@ -240,16 +240,16 @@ def test_chain_random_feedback_and_kappa(x64, order):
 @pytest.mark.parametrize("kappa", [1.0, -0.1, 1.5])
 def test_invalid_kappa_raises(kappa):
     with pytest.raises(ValueError):
-        st.KappaFilter(kappa)
+        st.etrace.KappaFilter(kappa)
 
 
-@pytest.mark.parametrize("signal", [lambda: st.RandomFeedback(0), lambda: st.KappaFilter(0.5),
-                                    lambda: [st.RandomFeedback(0), st.KappaFilter(0.5)]],
+@pytest.mark.parametrize("signal", [lambda: st.etrace.RandomFeedback(0), lambda: st.etrace.KappaFilter(0.5),
+                                    lambda: [st.etrace.RandomFeedback(0), st.etrace.KappaFilter(0.5)]],
                          ids=["random-feedback", "kappa", "chain"])
-@pytest.mark.parametrize("cls", [st.D_RTRL, st.ES_D_RTRL], ids=["d-rtrl", "es-d-rtrl"])
+@pytest.mark.parametrize("cls", [st.etrace.D_RTRL, st.etrace.ES_D_RTRL], ids=["d-rtrl", "es-d-rtrl"])
 def test_signal_with_multi_step_raises(signal, cls):
     model = lif_net()
-    kw = dict(decay=0.5) if cls is st.ES_D_RTRL else {}
+    kw = dict(decay=0.5) if cls is st.etrace.ES_D_RTRL else {}
     with pytest.raises(ValueError):
         cls(model, jnp.ones((B_, N_IN)), vjp_method="multi-step", signal=signal(), **kw)
     # the same hook is accepted with the default single-step VJP
@@ -258,23 +258,23 @@ def test_signal_with_multi_step_raises(signal, cls):
 
 def test_as_signal():
     assert type(as_signal(None)) is LearningSignal
-    kf = st.KappaFilter(0.5)
+    kf = st.etrace.KappaFilter(0.5)
     assert as_signal(kf) is kf
-    chain = as_signal([kf, st.RandomFeedback(0)])
+    chain = as_signal([kf, st.etrace.RandomFeedback(0)])
     assert isinstance(chain, Chain) and chain.hooks[0] is kf
     with pytest.raises(TypeError):
         as_signal("kappa")
     with pytest.raises(TypeError):
-        st.D_RTRL(lif_net(), jnp.ones((B_, N_IN)), signal=0.5)
+        st.etrace.D_RTRL(lif_net(), jnp.ones((B_, N_IN)), signal=0.5)
 
 
 def test_one_hook_object_serves_two_algorithms(x64):
     """bind() fits a copy per algorithm: sharing a hook neither breaks nor silently disables it."""
     model = lif_net()
     x = jnp.ones((B_, N_IN))
-    kf = st.KappaFilter(0.5)
-    a1 = st.D_RTRL(model, x, signal=kf)
-    a2 = st.ES_D_RTRL(model, x, decay=0.5, signal=kf)
+    kf = st.etrace.KappaFilter(0.5)
+    a1 = st.etrace.D_RTRL(model, x, signal=kf)
+    a2 = st.etrace.ES_D_RTRL(model, x, decay=0.5, signal=kf)
     for algo in (a1, a2):
         p, h, tr = algo.init_state()
         _, _, tr = algo(p, h, tr, x)
