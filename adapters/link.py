@@ -23,7 +23,7 @@ import zmq
 
 from streamtrace import wire
 
-from .client import _curve, decode_reply
+from streamtrace.transport.client import _curve, decode_reply
 
 __all__ = ["EngineLink", "Answer"]
 

@@ -25,7 +25,7 @@ import numpy as np
 from streamtrace import files
 from streamtrace.files import Table, number, timestamp
 
-from .client import EngineError, SensorClient
+from streamtrace.transport.client import EngineError, SensorClient
 
 __all__ = ["ReplayError", "Table", "Rows", "ReplayResult", "FileUnits", "read_table", "select_rows", "replay",
            "write_predictions", "run_cli"]
@@ -393,7 +393,7 @@ def write_predictions(r: ReplayResult, path: str | Path):
 def run_cli(args) -> int:
     """``streamtrace replay``: a report, then one JSON line (the last line of stdout)."""
     from streamtrace.cluster.cli import credentials, stray_credential
-    from streamtrace.launch import start_engine, stop
+    from streamtrace.engine.launch import start_engine, stop
     engine = None
     try:
         if stray_credential(args):

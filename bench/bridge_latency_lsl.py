@@ -108,8 +108,8 @@ def main(argv=None) -> int:
         return 0
 
     import pylsl
-    from streamtrace.adapters import SensorClient
-    from streamtrace.launch import start_engine, stop, write_config
+    from streamtrace.transport import SensorClient
+    from streamtrace.engine.launch import start_engine, stop, write_config
 
     tag = uuid.uuid4().hex[:8]
     floor_name, dev_name = f"bench-floor-{tag}", f"bench-dev-{tag}"

@@ -98,7 +98,7 @@ def main(argv=None) -> int:
     from engine_helpers import running_engine
     from mqtt_broker import Broker
 
-    from streamtrace.adapters import SensorClient
+    from streamtrace.transport import SensorClient
     x = [0.1, -0.2, 0.3, 0.05]
     procs = []
     with Broker() as broker, running_engine(Path(tempfile.mkdtemp()), ENGINE) as (_, ep, _cfg):

@@ -181,8 +181,8 @@ def free_tcp() -> str:
 
 def latency(samples: int) -> dict:
     """p50/p99 (us) of each path: one worker and one engine built from the same config."""
-    from streamtrace.adapters import SensorClient
-    from streamtrace.launch import start_engine, stop
+    from streamtrace.transport import SensorClient
+    from streamtrace.engine.launch import start_engine, stop
     tmp = Path(tempfile.mkdtemp(prefix="streamtrace-bench-cluster-lat-"))
     router = free_tcp()
     cfg = H.config(tmp, slots=16)

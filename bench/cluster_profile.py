@@ -79,7 +79,7 @@ def stamped_step(self, raw, stream):
 
 pull.Puller._on_msg, owner.PartitionOwner._apply, stepper.Stepper.step = stamped_on_msg, stamped_apply, stamped_step
 out, sys.argv = sys.argv[1], ["streamtrace"] + sys.argv[2:]
-from streamtrace.cli import main
+from streamtrace.commands.cli import main
 try:
     rc = main()
 finally:

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from streamtrace.adapters import SensorClient
-from streamtrace.launch import start_engine, stop, write_config
+from streamtrace.transport import SensorClient
+from streamtrace.engine.launch import start_engine, stop, write_config
 
 
 def one_start(folder: Path, cache: Path, hidden: int) -> float:

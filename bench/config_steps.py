@@ -36,7 +36,7 @@ def main(argv=None):
 
     from streamtrace.recipe.build import build_learner
     from streamtrace.evaluate import default_config, task_config
-    from streamtrace.latency import percentiles, timed
+    from streamtrace.commands.bench import percentiles, timed
     from streamtrace.tasks import get_task
     unknown = [c for c in args.configs if c not in CONFIGS]
     if unknown:

@@ -25,8 +25,8 @@ import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from dashboard_helpers import free_port, start_dashboard  # noqa: E402
-from streamtrace.adapters import SensorClient  # noqa: E402
-from streamtrace.launch import start_engine, stop, write_config  # noqa: E402
+from streamtrace.transport import SensorClient  # noqa: E402
+from streamtrace.engine.launch import start_engine, stop, write_config  # noqa: E402
 
 
 NEXT = {}     # stream -> next seq: two streams (two slots) go on across rounds

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from streamtrace.adapters import SensorClient
-from streamtrace.launch import start_engine, stop, write_config
+from streamtrace.transport import SensorClient
+from streamtrace.engine.launch import start_engine, stop, write_config
 from streamtrace.engine.memory import rss_mb
 
 IMPORTS = "import jax, streamtrace.engine.server, streamtrace.recipe.build, streamtrace.learner, sys; " \

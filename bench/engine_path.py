@@ -28,7 +28,7 @@ SPANS = ("recv", "decode", "checks", "route", "batch", "dispatch", "wait", "spli
 
 
 def sensor(endpoint, n, warmup, q):
-    from streamtrace.launch import roundtrips
+    from streamtrace.transport.timing import roundtrips
     q.put(roundtrips(endpoint, n, None, warmup=warmup))
 
 

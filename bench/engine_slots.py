@@ -8,7 +8,11 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from streamtrace.launch import roundtrips, start_echo, start_engine, stop, write_config
+from streamtrace.engine.launch import start_engine, stop, write_config
+
+from streamtrace.transport.echo import start_echo
+
+from streamtrace.transport.timing import roundtrips
 from timing import percentiles
 
 WARM_S = 8.0    # the engine compiles its other programs 2 s into constant traffic

@@ -19,14 +19,14 @@ from pathlib import Path
 
 import numpy as np
 
-from streamtrace.launch import start_engine, stop, write_config
+from streamtrace.engine.launch import start_engine, stop, write_config
 from timing import percentiles, pin, timed, unpin
 
 ONE_THREAD = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 
 
 def one_sensor(ep, n):
-    from streamtrace.adapters import SensorClient
+    from streamtrace.transport import SensorClient
     x = np.zeros(1, np.float32)
     with SensorClient(ep, stream="s", timeout_s=60) as c:
         p = percentiles(timed(lambda: c.step(x), n, warmup=300))
@@ -34,7 +34,7 @@ def one_sensor(ep, n):
 
 
 def many_streams(ep, streams, rounds):
-    from streamtrace.adapters import SensorClient
+    from streamtrace.transport import SensorClient
     x = np.zeros(1, np.float32)
     with SensorClient(ep, stream="s", timeout_s=60) as c:
         seqs = [0] * streams

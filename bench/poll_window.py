@@ -25,7 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from results_file import write_section
-from streamtrace.launch import start_echo, start_engine, stop, write_config
+from streamtrace.engine.launch import start_engine, stop, write_config
+from streamtrace.transport.echo import start_echo
 from timing import machine_line, paced, percentiles
 
 WARM_S = 7.0     # back-to-back steps first: the engine compiles its other programs meanwhile
@@ -39,7 +40,7 @@ def cpu_seconds(pid: int) -> float:
 def sensor(endpoint, n, period_us, supervised, warm_s, pid=None):
     """n round trips (us), a request every ``period_us`` (0: right after the last reply),
     after ``warm_s`` of back-to-back ones; and the CPUs ``pid`` used while they ran."""
-    from streamtrace.adapters import SensorClient
+    from streamtrace.transport import SensorClient
     x = np.zeros(1, np.float32)
     y = x if supervised else None
     with SensorClient(endpoint, stream="bench", timeout_s=30) as c:

@@ -27,7 +27,9 @@ from pathlib import Path
 import numpy as np
 
 from results_file import write_section
-from streamtrace.launch import roundtrips, start_echo, start_engine, stop, write_config
+from streamtrace.engine.launch import start_engine, stop, write_config
+from streamtrace.transport.echo import start_echo
+from streamtrace.transport.timing import roundtrips
 from timing import machine_line, percentiles
 
 WARM_S = 8.0     # the engine compiles its other programs on a thread once traffic starts

@@ -7,8 +7,8 @@ from __future__ import annotations
 import os
 import platform
 
-from streamtrace.latency import percentiles, timed
-from streamtrace.launch import paced
+from streamtrace.commands.bench import percentiles, timed
+from streamtrace.transport.timing import paced
 
 __all__ = ["percentiles", "timed", "paced", "pin", "unpin", "cpu_name", "machine_line", "step_call"]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from streamtrace.launch import write_config
+from streamtrace.engine.launch import write_config
 from streamtrace.engine.config import load_config
 from streamtrace.engine.core import EngineCore
 
@@ -38,7 +38,7 @@ def reference(cfg_path: Path, data: dict):
     """Every (stream, seq)'s prediction and every stream's final slot state from one engine,
     one message per call, streams interleaved."""
     from streamtrace import wire
-    from streamtrace.adapters.client import decode_reply
+    from streamtrace.transport.client import decode_reply
     core = EngineCore(load_config(cfg_path))
     preds = {}
     steps = len(next(iter(data.values())))

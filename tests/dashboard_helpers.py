@@ -14,7 +14,7 @@ import numpy as np
 import zmq
 
 from streamtrace import wire
-from streamtrace.launch import start_engine, stop, write_config
+from streamtrace.engine.launch import start_engine, stop, write_config
 
 CHROMIUM = ("/usr/bin/chromium", "/usr/bin/chromium-browser")
 CHROMEDRIVER = ("/usr/bin/chromedriver", "/usr/lib/chromium/chromedriver")

@@ -1,7 +1,7 @@
 """Helpers for the end-to-end engine tests (tests/test_engine_e2e.py).
 
 * ``running_engine``: write a TOML config, start ``python -m streamtrace serve`` in a child
-  process with ``streamtrace.launch.start_engine`` and stop it (SIGTERM) on the way out;
+  process with ``streamtrace.engine.launch.start_engine`` and stop it (SIGTERM) on the way out;
   sockets are ipc:// endpoints in a short temporary folder (ipc paths are limited to ~100
   characters, pytest's tmp_path can be longer).
 * ``supervised_data``: the deterministic per-stream data of the multi-stream test, generated
@@ -29,7 +29,7 @@ N_IN, N_OUT = 3, 2
 @contextlib.contextmanager
 def running_engine(folder: Path, sections: dict, *, name: str = "engine"):
     """Yields ``(proc, endpoints, config_path)``; endpoints: router, pull, pub (ipc://)."""
-    from streamtrace.launch import start_engine, stop, write_config
+    from streamtrace.engine.launch import start_engine, stop, write_config
     sock_dir = Path(tempfile.mkdtemp(prefix="st-", dir="/tmp"))
     ep = {k: f"ipc://{sock_dir}/{k}" for k in ("router", "pull", "pub")}
     sections = {k: dict(v) for k, v in sections.items()}
@@ -121,7 +121,7 @@ def supervised_data(index: int, steps: int):
 def run_client(endpoint: str, proc_index: int, per_proc: int, steps: int, window: int, out: str):
     """Pipelined: step t of every stream is sent, and the replies are read ``window`` steps
     behind. Every reply (prediction or error) is counted per (stream, seq)."""
-    from streamtrace.adapters import SensorClient
+    from streamtrace.transport import SensorClient
     names = [stream_name(proc_index, j) for j in range(per_proc)]
     data = [supervised_data(stream_index(n, per_proc), steps) for n in names]
     counts = np.zeros((per_proc, steps), np.int64)

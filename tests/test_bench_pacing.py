@@ -5,8 +5,10 @@ import time
 import numpy as np
 import pytest
 
-from streamtrace.cli import main
-from streamtrace.launch import paced, roundtrips, start_echo, stop
+from streamtrace.commands.cli import main
+from streamtrace.engine.launch import stop
+from streamtrace.transport.echo import start_echo
+from streamtrace.transport.timing import paced, roundtrips
 
 
 def test_paced_calls_leave_at_their_ticks_and_time_only_the_call():

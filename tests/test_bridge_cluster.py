@@ -16,7 +16,7 @@ pytest.importorskip("nats", reason="pip install 'streamtrace[cluster]' (make tes
 
 import cluster_harness as H                                             # noqa: E402
 from streamtrace.adapters.bridge import NatsTarget                      # noqa: E402
-from streamtrace.cli import main                                        # noqa: E402
+from streamtrace.commands.cli import main                                        # noqa: E402
 from streamtrace.cluster import Credentials, NatsServer                 # noqa: E402
 from streamtrace.cluster.server import find_server_binary               # noqa: E402
 

@@ -28,7 +28,7 @@ os.environ.setdefault("LSLAPICFG", str(Path(__file__).with_name("lsl_api.cfg")))
 pylsl = pytest.importorskip("pylsl")
 
 from engine_helpers import fake_engine, running_engine  # noqa: E402
-from streamtrace.adapters import SensorClient  # noqa: E402
+from streamtrace.transport import SensorClient  # noqa: E402
 from streamtrace.adapters.lsl import (ENGINE_SILENT_S, LslBridge, LslBridgeError, LslSettings,  # noqa: E402
                                       settings_from)
 from streamtrace.engine.config import ConfigError  # noqa: E402

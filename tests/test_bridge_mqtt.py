@@ -28,10 +28,10 @@ from hypothesis import strategies as hs
 from engine_helpers import fake_engine, running_engine
 from mqtt_broker import Broker, BrokerMissing, free_port
 from streamtrace import wire
-from streamtrace.adapters import SensorClient
+from streamtrace.transport import SensorClient
 from streamtrace.adapters.mqtt import MqttBridge, MqttSettings, settings_from, topic_matches
 from streamtrace.adapters.payload import REASONS, BadPayload, decode_sample
-from streamtrace.launch import write_config
+from streamtrace.engine.launch import write_config
 from streamtrace.engine.config import ConfigError
 
 GRU = {

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import zmq
 
-from streamtrace.adapters import SensorClient
+from streamtrace.transport import SensorClient
 from streamtrace.engine import load_config
 from streamtrace.engine.server import Engine
 from streamtrace.engine.spin import IDLE_MS, SHORT_US, BusyPoll

@@ -7,7 +7,7 @@ import argparse
 import pytest
 
 from streamtrace import __version__
-from streamtrace.cli import build_parser, main
+from streamtrace.commands.cli import build_parser, main
 
 REFUSABLE = ["x", "0", "-1", "99999", "/no/such/folder/out.png", "/no/such/file.toml"]
 SKIP = (argparse._HelpAction, argparse._VersionAction)

@@ -1,8 +1,8 @@
-"""The client's numbering policy (adapters/numbering.py) on hand-written answer sequences:
+"""The client's numbering policy (streamtrace/transport/numbering.py) on hand-written answer sequences:
 what the engine would answer, written out, and what the client must do with each."""
 from __future__ import annotations
 
-from streamtrace.adapters.numbering import MAX_RESYNCS, Numbering, Sample
+from streamtrace.transport.numbering import MAX_RESYNCS, Numbering, Sample
 
 
 def _refusal(stream, seq, code, expected=None):

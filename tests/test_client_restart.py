@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from streamtrace.adapters import EngineError, SensorClient
-from streamtrace.adapters import numbering
-from streamtrace.launch import start_engine, stop, write_config
+from streamtrace.transport import EngineError, SensorClient
+from streamtrace.transport import numbering
+from streamtrace.engine.launch import start_engine, stop, write_config
 
 import cluster_harness as H
 
@@ -26,7 +26,7 @@ K = 25          # steps per phase
 
 
 class Clock:
-    """Stands in for ``time`` in adapters/numbering.py: each sample's ts is the next integer."""
+    """Stands in for ``time`` in streamtrace/transport/numbering.py: each sample's ts is the next integer."""
 
     def __init__(self):
         self.t = 0.0
@@ -220,7 +220,7 @@ def test_the_clients_doc_example_runs_as_written(work, capsys):
 def test_the_client_classes_docstring_examples_run_as_written(work, capsys):
     """SensorClient's and PushClient's examples, against an engine of one input."""
     from doc_examples import docstring_example
-    from streamtrace.adapters import PushClient
+    from streamtrace.transport import PushClient
     cfg = _config(work)
     text = cfg.read_text().replace('pull = ""', f'pull = "ipc://{work}/p"')
     cfg.write_text(text)

@@ -61,7 +61,7 @@ async def _publish_acked(js, subject, raw, msg_id, deadline):
 async def _sensor(url, data, kill_at, kill):
     """Publish every step (acknowledged), kill the leader at step ``kill_at``, collect the answers
     once each: ({(stream, seq): answer}, ack times, log messages stored)."""
-    from streamtrace.adapters.client import decode_reply
+    from streamtrace.transport.client import decode_reply
     nc = await L.connect(url)
     js = nc.jetstream(timeout=10)
     answers, acks, steps = {}, [], len(next(iter(data.values())))

@@ -78,7 +78,7 @@ def test_the_cycle_finder_finds_a_cycle():
 
 def test_the_graph_sees_imports_inside_functions():
     graph = import_graph()
-    assert "streamtrace.launch" in graph["streamtrace.adapters.replay"]    # imported inside run_cli
+    assert "streamtrace.engine.launch" in graph["streamtrace.adapters.replay"]    # imported inside run_cli
     assert "streamtrace.learner.algorithms" in graph["streamtrace.recipe.recipe"]
 
 

@@ -211,7 +211,7 @@ def test_a_program_that_fails_to_compile_leaves_the_engine_serving_with_the_othe
 
 # ---- streamtrace bench --config ------------------------------------------------------------------
 def test_bench_config_json_has_every_field_and_counts_trace_bytes(tmp_path, capsys):
-    from streamtrace.cli import main
+    from streamtrace.commands.cli import main
     path = tmp_path / "mine.toml"
     # the user's own model (tests/models.py: a LIF layer and a readout), as serve would build it
     path.write_text('[model]\nfactory = "models:lif_net"\nn_in = 3\nn_out = 2\n'
@@ -237,7 +237,7 @@ def test_bench_config_json_has_every_field_and_counts_trace_bytes(tmp_path, caps
 
 
 def test_bench_config_refuses_a_bad_config_in_one_line(tmp_path, capsys):
-    from streamtrace.cli import main
+    from streamtrace.commands.cli import main
     path = tmp_path / "bad.toml"
     path.write_text('[model]\nn_hidden = 0\n')
     assert main(["bench", "--config", str(path), "--json"]) == 2

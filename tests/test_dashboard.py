@@ -17,7 +17,7 @@ pytest.importorskip("starlette", reason="the dashboard extra (streamtrace[dashbo
 
 from dashboard_helpers import free_port  # noqa: E402
 from streamtrace import wire  # noqa: E402
-from streamtrace.cli import main  # noqa: E402
+from streamtrace.commands.cli import main  # noqa: E402
 from streamtrace.dashboard.access import DashboardError, check_exposure, connect_address  # noqa: E402
 from streamtrace.dashboard.feed import Feed, decimate  # noqa: E402
 from streamtrace.dashboard.server import _clean, make_app  # noqa: E402

@@ -18,7 +18,7 @@ pytest.importorskip("starlette", reason="the dashboard extra (streamtrace[dashbo
 pytest.importorskip("selenium", reason="selenium (the test extra) is not installed")
 
 from dashboard_helpers import Sensors, chrome, engine_config, free_port, restart, start_dashboard  # noqa: E402
-from streamtrace.launch import start_engine, stop  # noqa: E402
+from streamtrace.engine.launch import start_engine, stop  # noqa: E402
 
 STREAMS = ("alpha", "beta", "gamma")
 

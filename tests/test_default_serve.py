@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from streamtrace.cli import main
-from streamtrace.launch import write_config
+from streamtrace.commands.cli import main
+from streamtrace.engine.launch import write_config
 from streamtrace.engine import load_config
 from streamtrace.evaluate import default_config
 from streamtrace.tasks import get_task

@@ -164,8 +164,8 @@ def test_the_same_file_replayed_twice_through_serve_gives_the_same_predictions(t
     import tempfile
     from pathlib import Path
 
-    from streamtrace.cli import main
-    from streamtrace.launch import write_config
+    from streamtrace.commands.cli import main
+    from streamtrace.engine.launch import write_config
     t = np.arange(400)
     csv = tmp_path / "series.csv"
     csv.write_text("a,b\n" + "\n".join(f"{np.sin(0.1 * i):.6f},{np.cos(0.13 * i):.6f}" for i in t) + "\n")

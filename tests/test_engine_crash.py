@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 from streamtrace import wire
-from streamtrace.adapters import SensorClient
-from streamtrace.demo import two_tone
-from streamtrace.launch import start_engine, stop, write_config
+from streamtrace.transport import SensorClient
+from streamtrace.commands.demo import two_tone
+from streamtrace.engine.launch import start_engine, stop, write_config
 from streamtrace.engine import load_config
 from streamtrace.engine.core import EngineCore
 from streamtrace import checkpoints as checkpoint_module     # the format alone: numpy only

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from streamtrace import wire
-from streamtrace.adapters import EngineError, PushClient, SensorClient, Subscriber, WeightsSubscriber
+from streamtrace.transport import EngineError, PushClient, SensorClient, Subscriber, WeightsSubscriber
 from streamtrace.engine import load_config
 from streamtrace.recipe.build import build_learner
 from streamtrace.learner import read_checkpoint

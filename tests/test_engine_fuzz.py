@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
 from streamtrace import wire
-from streamtrace.adapters import SensorClient
-from streamtrace.launch import start_engine, stop, write_config
+from streamtrace.transport import SensorClient
+from streamtrace.engine.launch import start_engine, stop, write_config
 from streamtrace.engine import load_config
 from streamtrace.engine.core import EngineCore
 

@@ -9,7 +9,7 @@ import pytest
 import zmq
 import zmq.auth
 
-from streamtrace.adapters import PushClient, SensorClient
+from streamtrace.transport import PushClient, SensorClient
 from streamtrace.engine import Engine, load_config
 
 

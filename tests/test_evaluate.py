@@ -119,7 +119,7 @@ def test_cli_end_to_end(tmp_path):
 
 
 def test_cli_file_with_config_and_errors(tmp_path, capsys):
-    from streamtrace.cli import main
+    from streamtrace.commands.cli import main
     t = np.arange(200)
     np.savetxt(tmp_path / "s.csv", np.column_stack([np.sin(0.1 * t), np.cos(0.1 * t)]), delimiter=",",
                header="a,b", comments="")
@@ -211,7 +211,7 @@ def test_evaluate_scores_the_tasks_own_spans(monkeypatch):
 
 
 def test_cli_steps_default_per_task_and_span_errors(monkeypatch, capsys):
-    from streamtrace.cli import main
+    from streamtrace.commands.cli import main
     seen = {}
 
     def fake_evaluate(task, config, **kw):          # no learner: only which task the CLI built

@@ -9,7 +9,7 @@ from engine_helpers import fake_sensor_client
 
 from streamtrace import evaluate as ev
 from streamtrace.adapters.replay import ReplayError, read_table, select_rows
-from streamtrace.cli import main
+from streamtrace.commands.cli import main
 from streamtrace.engine.config import ConfigError
 from streamtrace.files import FileError, choose_columns, is_time_like
 from streamtrace.tasks import TaskError, file_task, get_task
@@ -132,7 +132,7 @@ def test_replay_chooses_the_same_columns(tmp_path, capsys):
 
 # ---- learning.channels ------------------------------------------------------------------------
 def _toml(tmp_path, data):
-    from streamtrace.launch import write_config
+    from streamtrace.engine.launch import write_config
     return write_config(tmp_path / "c.toml", data)
 
 

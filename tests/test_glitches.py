@@ -232,8 +232,8 @@ def test_rolling_metrics_ignore_an_overflowing_score():
 @pytest.mark.slow
 def test_serve_flags_counts_and_survives_glitches(tmp_path):
     from engine_helpers import running_engine
-    from streamtrace.adapters.client import SensorClient
-    from streamtrace.adapters.subscriber import Subscriber
+    from streamtrace.transport.client import SensorClient
+    from streamtrace.transport.subscriber import Subscriber
     x = recording(seed=1)
     cells = SCENARIOS["1e40 late"] + SCENARIOS["-1e6 in warm-up"] + [(2000 + i, 0, 1e8) for i in range(10)]
     bad = glitched(x, cells)

@@ -19,8 +19,8 @@ import pytest
 import zmq
 import zmq.auth
 
-from streamtrace.adapters import SensorClient
-from streamtrace.launch import write_config
+from streamtrace.transport import SensorClient
+from streamtrace.engine.launch import write_config
 from streamtrace.engine import ConfigError, load_config
 from streamtrace.recipe.build import build_learner
 from streamtrace.engine.server import open_engine

@@ -12,8 +12,8 @@ import pytest
 import zmq
 
 from streamtrace import wire
-from streamtrace.adapters import SensorClient, Subscriber
-from streamtrace.launch import start_engine, stop, write_config
+from streamtrace.transport import SensorClient, Subscriber
+from streamtrace.engine.launch import start_engine, stop, write_config
 from streamtrace.engine import load_config
 from streamtrace.engine.core import EngineCore
 from streamtrace.engine.receive import recv_message

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from engine_helpers import running_engine
-from streamtrace.adapters import SensorClient
+from streamtrace.transport import SensorClient
 from streamtrace.adapters.link import EngineLink
 
 GRU = {

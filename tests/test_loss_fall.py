@@ -5,8 +5,8 @@ import warnings
 
 import numpy as np
 
-from streamtrace.demo import _summary
-from streamtrace.loss_fall import finite_mean, first_last, number_or_dash
+from streamtrace.commands.demo import _summary
+from streamtrace.commands.loss_fall import finite_mean, first_last, number_or_dash
 
 
 def test_first_last_skip_the_steps_without_a_loss():

@@ -9,7 +9,7 @@ client hands each (stream, seq) to the caller once and counts the repeats in ``d
 The NATS connection runs on an asyncio loop in a background thread; the API is synchronous.
 
 The numbering per stream and the resync after a restart (of a worker, of the sensor, or both)
-are ``SensorClient``'s (adapters/numbering.py): the same ``step`` / ``send`` / ``recv`` and the
+are ``SensorClient``'s (streamtrace/transport/numbering.py): the same ``step`` / ``send`` / ``recv`` and the
 same errors. Message ids carry a token of this client (``<stream>:<seq>:<token>``), so a sensor
 restarted at seq 0 is not mistaken by the server for a resend of its old self: its first step
 reaches a worker, is refused as ``repeat`` naming the expected number, and is resynced.
@@ -23,8 +23,8 @@ import threading
 import time
 
 from .. import wire
-from ..adapters.numbering import NumberedClient, Sample, checked
-from ..adapters.replies import Prediction, decode_reply
+from ..transport.numbering import NumberedClient, Sample, checked
+from ..transport.replies import Prediction, decode_reply
 from . import log as L
 
 __all__ = ["ClusterClient"]
@@ -32,11 +32,11 @@ __all__ = ["ClusterClient"]
 
 class ClusterClient(NumberedClient):
     """A sensor's connection to a streamtrace cluster (workers on NATS JetStream): the API of
-    :class:`~streamtrace.adapters.SensorClient`. ``step(x)`` sends one step and waits for its
-    :class:`~streamtrace.adapters.Prediction`; ``send`` / ``recv`` pipeline several; each stream
+    :class:`~streamtrace.transport.SensorClient`. ``step(x)`` sends one step and waits for its
+    :class:`~streamtrace.transport.Prediction`; ``send`` / ``recv`` pipeline several; each stream
     is numbered by the client and resynced after a worker or sensor restart without raising and
     without losing the step (``resyncs``, one log line each); any other refusal raises
-    :class:`~streamtrace.adapters.EngineError` (``recv(raise_errors=False)`` returns it).
+    :class:`~streamtrace.transport.EngineError` (``recv(raise_errors=False)`` returns it).
     Each (stream, seq) reaches the caller once, however often a failover answers it
     (``duplicates`` counts the rest).
 

@@ -1,6 +1,6 @@
 """Each stream's sequence numbers on the client side, and the resync after a restart.
 
-Shared by :class:`~streamtrace.adapters.SensorClient` (ZeroMQ) and
+Shared by :class:`~streamtrace.transport.SensorClient` (ZeroMQ) and
 :class:`~streamtrace.cluster.ClusterClient` (NATS); only the transport differs.
 
 The engine expects each stream's messages numbered 0, 1, 2, ... and refuses a number it did
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import msgpack
 
-from streamtrace import wire
+from .. import wire
 
 from .replies import EngineError, Prediction
 

@@ -21,8 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .engine.config import EngineConfig
-from .launch import roundtrips, start_echo, start_engine, stop, write_config
+from ..engine.config import EngineConfig
+from ..engine.launch import start_engine, stop, write_config
+from ..transport.echo import start_echo
+from ..transport.timing import roundtrips
 
 __all__ = ["bench_config", "dispatch_floor", "trace_bytes_per_slot", "format_table", "e2e_roundtrip", "run_cli",
            "percentiles", "timed"]
@@ -78,8 +80,8 @@ def _variant(cfg: EngineConfig, algorithm: str) -> EngineConfig:
 
 
 def _one(cfg: EngineConfig, slots: int, iters: int, warmup: int, max_seconds: float) -> dict:
-    from .recipe.build import build_learner
-    from .engine.core import subset_sizes
+    from ..recipe.build import build_learner
+    from ..engine.core import subset_sizes
     t0 = time.perf_counter()
     learner = build_learner(cfg, slots=slots, shared_weights=cfg.engine.shared_weights)
     t1 = time.perf_counter()
@@ -192,14 +194,14 @@ def format_table(r: dict) -> str:
 def _run_config(args) -> int:
     import json
 
-    from .engine import ConfigError, load_config
+    from ..engine import ConfigError, load_config
     if args.iters < 1 or args.steps < 1:
         print(f"bench: --iters and --steps must be >= 1; got {args.iters}, {args.steps}", file=sys.stderr)
         return 2
     try:
         cfg = load_config(args.config)
         if cfg.engine.sync_dispatch:      # the step as serve runs it: on the calling thread
-            from .learner.dispatch import inline_dispatch
+            from ..learner.dispatch import inline_dispatch
             inline_dispatch()
         result = bench_config(cfg, iters=args.iters, e2e=args.e2e, e2e_steps=args.steps, config_path=args.config,
                               period_us=args.period_us)

@@ -3,12 +3,13 @@ message and answers with a reply of the engine's shape and size, without any lea
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 
 import msgpack
 import zmq
 
-__all__ = ["run_echo"]
+__all__ = ["run_echo", "start_echo"]
 
 
 def run_echo(endpoint: str, cpu: int = -1, max_messages: int = 10 ** 9):
@@ -30,6 +31,15 @@ def run_echo(endpoint: str, cpu: int = -1, max_messages: int = 10 ** 9):
                  "loss": 0.0, "step": msg["seq"], "version": 0, "ts": msg.get("ts", 0.0)}
         sock.send_multipart([ident, msgpack.packb(reply, use_bin_type=True)])
     sock.close(0)
+
+
+def start_echo(endpoint: str, cpu: int | None = None) -> subprocess.Popen:
+    """The bare ZeroMQ + msgpack echo server (the transport floor) in a child process;
+    returns once it listens."""
+    proc = subprocess.Popen([sys.executable, "-m", "streamtrace.transport.echo", endpoint,
+                             str(-1 if cpu is None else cpu)], stdout=subprocess.PIPE, text=True)
+    proc.stdout.readline()
+    return proc
 
 
 if __name__ == "__main__":

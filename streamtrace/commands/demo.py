@@ -7,8 +7,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from .dashboard.command import demo_dashboard
-from .launch import start_engine, stop, write_config
+from ..dashboard.command import demo_dashboard
+from ..engine.launch import start_engine, stop, write_config
 from .loss_fall import finite_mean, first_last, number_or_dash
 
 __all__ = ["two_tone", "run_cli"]
@@ -30,7 +30,7 @@ def run_cli(args) -> int:
 
     import numpy as np
 
-    from .adapters import SensorClient, Subscriber
+    from ..transport import SensorClient, Subscriber
     work = Path(tempfile.mkdtemp(prefix="streamtrace-demo-"))
     base = f"ipc://{work}/"
     given = lambda **kw: {k: v for k, v in kw.items() if v is not None}  # noqa: E731

@@ -4,7 +4,7 @@
 and waits for its answer (the lowest-latency path); ``send()`` / ``recv()`` pipeline several.
 ``PushClient`` is fire-and-forget against the engine's PULL socket (answers go to the PUB
 socket only). Sequence numbers are kept per stream by the client, which resyncs them by itself
-after the engine or the sensor restarts (adapters/numbering.py).
+after the engine or the sensor restarts (streamtrace/transport/numbering.py).
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import time
 import numpy as np
 import zmq
 
-from streamtrace import wire
+from .. import wire
 
 from .numbering import NumberedClient
 from .replies import EngineError, Prediction, decode_reply
@@ -91,7 +91,7 @@ class SensorClient(NumberedClient, _Timed):
     Example (with ``streamtrace serve`` running a model of one input)::
 
         import numpy as np
-        from streamtrace.adapters import SensorClient, EngineError
+        from streamtrace.transport import SensorClient, EngineError
         with SensorClient("tcp://127.0.0.1:5555", stream="imu-7") as sensor:
             reply = sensor.step(np.array([0.5], np.float32))     # reply.pred, reply["loss"]
             sensor.send([0.6], stream="imu-8")                    # pipelined, numbered per stream
@@ -153,7 +153,7 @@ class SensorClient(NumberedClient, _Timed):
 class PushClient(_Timed):
     """Fire-and-forget to the engine's PULL socket (``[sockets] pull``): no answer comes back
     here; predictions and refusals are published on the engine's PUB socket only (topics
-    ``pred/<stream>`` and ``error``; :class:`~streamtrace.adapters.Subscriber` reads them).
+    ``pred/<stream>`` and ``error``; :class:`~streamtrace.transport.Subscriber` reads them).
 
     With no reply there is nothing to resync from: a PushClient restarted while the engine
     still knows its stream must be given the stream's next number (``start_seq``), else its
@@ -171,7 +171,7 @@ class PushClient(_Timed):
     Example (with ``streamtrace serve`` running a model of one input)::
 
         import numpy as np
-        from streamtrace.adapters import PushClient
+        from streamtrace.transport import PushClient
         with PushClient("tcp://127.0.0.1:5556", stream="pump-3") as push:
             for v in (0.1, 0.2, 0.3):
                 push.send(np.array([v], np.float32))              # returns 0, 1, 2

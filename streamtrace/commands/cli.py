@@ -23,19 +23,20 @@ from __future__ import annotations
 import importlib
 import sys
 
-from . import __version__
-from .arguments import (STACK_CHOICES, Parser, existing_file, frequency, index_list, nonnegative_float,
+from .. import __version__
+from ..arguments import (STACK_CHOICES, Parser, existing_file, frequency, index_list, nonnegative_float,
                         nonnegative_int, output_file, port, positive_float, positive_int)
-from .dashboard.command import add_parser as add_dashboard_parser, listen_address
-from .export.cli import add_parser as add_export_parser
+from ..dashboard.command import add_parser as add_dashboard_parser, listen_address
+from ..export.cli import add_parser as add_export_parser
 
 __all__ = ["main", "build_parser"]
 
 
 # Each command is one module's ``run_cli(args)``, imported only when that command runs (so
 # ``streamtrace --help`` and a bridge do not load jax).
-COMMANDS = {"serve": "streamtrace.serve", "dashboard": "streamtrace.dashboard.command", "demo": "streamtrace.demo",
-            "learn": "streamtrace.learn", "bench": "streamtrace.latency", "evaluate": "streamtrace.evaluate",
+COMMANDS = {"serve": "streamtrace.commands.serve", "dashboard": "streamtrace.dashboard.command",
+            "demo": "streamtrace.commands.demo", "learn": "streamtrace.commands.learn_demo",
+            "bench": "streamtrace.commands.bench", "evaluate": "streamtrace.evaluate",
             "replay": "streamtrace.adapters.replay"}
 ALGORITHMS = ["d-rtrl", "es-d-rtrl", "rtrl"]
 DESCRIPTION = "streamtrace: online learning on streaming signals, one time step at a time."
@@ -51,7 +52,7 @@ BUSES = {"lsl": "Lab Streaming Layer: forward an LSL stream to an engine, predic
 
 
 def _bridge_parsers(sub):
-    from .cluster.cli import credential_args      # the NATS flags of --nats (no NATS import here)
+    from ..cluster.cli import credential_args      # the NATS flags of --nats (no NATS import here)
     text = "connect a sensor bus (LSL, MQTT) to an engine, predictions back on the bus"
     p = sub.add_parser("bridge", help=text, description=text)
     buses = p.add_subparsers(dest="bus", required=True, metavar="BUS")
@@ -161,7 +162,7 @@ def _evaluate_parser(sub):
 
 
 def _replay_parser(sub):
-    from .cluster.cli import credential_args
+    from ..cluster.cli import credential_args
     text = "send a recorded CSV/NPY/Parquet file to an engine and score its predictions"
     p = sub.add_parser("replay", help=text, description=text)
     p.add_argument("file", help="a .csv (header row optional), .npy or .parquet file; one row per time step")
@@ -213,7 +214,7 @@ def build_parser() -> Parser:
     _replay_parser(sub)
     add_export_parser(sub)
     _bridge_parsers(sub)
-    from .cluster.cli import add_parsers as cluster_parsers   # worker, cluster up | status (streamtrace[cluster])
+    from ..cluster.cli import add_parsers as cluster_parsers   # worker, cluster up | status (streamtrace[cluster])
     cluster_parsers(sub)
     return parser
 

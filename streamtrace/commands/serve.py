@@ -9,10 +9,10 @@ __all__ = ["run_cli"]
 
 def run_cli(args) -> int:
     """``streamtrace serve [--dashboard HOST:PORT]``."""
-    from .engine import ConfigError, load_config, serve
-    from .launch import stop
-    from .dashboard.access import DashboardError
-    from .dashboard.command import start_dashboard
+    from ..engine import ConfigError, load_config, serve
+    from ..engine.launch import stop
+    from ..dashboard.access import DashboardError
+    from ..dashboard.command import start_dashboard
     board = None
     try:
         cfg = load_config(args.config)

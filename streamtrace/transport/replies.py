@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from streamtrace import wire
+from .. import wire
 
 __all__ = ["EngineError", "Prediction", "decode_reply"]
 
 
 class EngineError(RuntimeError):
     """The engine refused a message. Raised by ``step``, ``recv``, ``label`` and ``get_weights``
-    of :class:`~streamtrace.adapters.SensorClient` and :class:`~streamtrace.cluster.ClusterClient`.
+    of :class:`~streamtrace.transport.SensorClient` and :class:`~streamtrace.cluster.ClusterClient`.
     A refused message changes nothing in the engine and uses up no sequence number.
 
     Parameters

@@ -13,9 +13,9 @@ __all__ = ["run_cli"]
 def run_cli(args) -> int:
     import numpy as np
 
-    from .learner import OnlineLearner, adam
-    from .learner.dispatch import inline_dispatch
-    from .nn import Stack
+    from ..learner import OnlineLearner, adam
+    from ..learner.dispatch import inline_dispatch
+    from ..nn import Stack
 
     inline_dispatch()       # each step is awaited at once (learner/dispatch.py)
     series = two_tone(0, args.steps + 1)
