@@ -1,6 +1,7 @@
-"""Checks on the code itself, run with the suite: streamtrace's imports form no cycle (every
-import statement counts, the ones inside functions too, since a cycle hidden in a function
-is still a tangle), and no function in the package is longer than 80 lines."""
+"""Checks on the code itself, run with the suite: streamtrace's imports form no cycle and point
+down a table of layers (every import statement counts, the ones inside functions too, since an
+upward import hidden in a function is still a tangle), and no function in the package is longer
+than 80 lines."""
 from __future__ import annotations
 
 import ast
@@ -85,6 +86,67 @@ def test_the_graph_sees_imports_inside_functions():
 def test_streamtrace_imports_have_no_cycle():
     cycle = find_cycle(import_graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+# The layers, lowest first: a module may import its own package and any package of a lower layer,
+# nothing else (docs/architecture.md draws them). The package root's modules are named by file.
+LAYERS = [
+    {"streamtrace", "units", "addresses", "_imports", "wire", "checkpoints"},   # jax-free basics
+    {"arguments"},                       # command-line argument types (with units)
+    {"transport"},                       # ZeroMQ clients, subscribers, the echo floor
+    {"nn"},                              # models
+    {"etrace"},                          # the trace compiler and algorithms
+    {"learner"},                         # OnlineLearner: transforms, readouts, programs, slot banks
+    {"recipe"},                          # a learner's recipe and its builder
+    {"engine"},                          # the streaming server
+    {"export", "dashboard", "cluster"},  # built on the engine, side by side (none imports another)
+    {"evaluation"},                      # tasks, files, prequential evaluation
+    {"adapters"},                        # bridges, the cluster link, replay
+    {"commands"},                        # the command line
+    {"__main__"},                        # python -m streamtrace
+]
+EVALUATION = {"tasks", "files", "evaluate"}     # root modules that form the evaluation layer
+
+
+def package_of(module: str) -> str:
+    """The layer-table name of a module: its subpackage, or the root module's own name."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "streamtrace"
+    name = parts[1]
+    return "evaluation" if name in EVALUATION else name
+
+
+def upward_imports(graph: dict[str, set[str]], layers=None) -> list[str]:
+    """Every import that does not point down ``layers`` (an import of an unlisted package too)."""
+    layers = LAYERS if layers is None else layers
+    level = {p: i for i, group in enumerate(layers) for p in group}
+    bad = []
+    for module, targets in sorted(graph.items()):
+        a = package_of(module)
+        for target in sorted(targets):
+            b = package_of(target)
+            if a == b:
+                continue
+            if a not in level or b not in level or level[b] >= level[a]:
+                bad.append(f"{module} -> {target}")
+    return bad
+
+
+def test_the_layer_check_sees_an_upward_import():
+    graph = {"streamtrace.learner.core": {"streamtrace.engine.server"},      # up
+             "streamtrace.engine.core": {"streamtrace.learner.core"},        # down
+             "streamtrace.export.cli": {"streamtrace.cluster.worker"},       # sideways
+             "streamtrace.mystery": {"streamtrace.wire"}}                    # not in the table
+    assert upward_imports(graph) == ["streamtrace.export.cli -> streamtrace.cluster.worker",
+                                     "streamtrace.learner.core -> streamtrace.engine.server",
+                                     "streamtrace.mystery -> streamtrace.wire"]
+
+
+def test_every_import_points_down_the_layers():
+    bad = upward_imports(import_graph())
+    assert not bad, "imports that do not point down the layer table (tests/test_code_shape.py LAYERS):\n" + \
+        "\n".join(bad)
 
 
 def test_no_function_is_longer_than_80_lines():
