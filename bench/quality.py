@@ -38,12 +38,12 @@ CONFIGS = {
     # targets as inputs (supervised): the last target fed back to an 800-unit reservoir
     "reservoir-800 narma feedback": {"model": {**_RES, "n_hidden": 800},
                                      "reservoir": {"input_scaling": 0.05, "spectral_radius": 0.95},
-                                     "signal": {"feedback": 1}, "readout": {"kind": "rls", "delta": 1e-8},
+                                     "transform": {"feedback": 1}, "readout": {"kind": "rls", "delta": 1e-8},
                                      "learning": {"optimizer": "frozen"}},
-    "reservoir-300": {"model": {**_RES, "n_hidden": 300}, "signal": {"normalise": True, "residual": True},
+    "reservoir-300": {"model": {**_RES, "n_hidden": 300}, "transform": {"normalise": True, "residual": True},
                       **_FROZEN_RLS},
     # reservoirpy's best size on Mackey-Glass, one ridge
-    "reservoir-500": {"model": {**_RES, "n_hidden": 500}, "signal": {"normalise": True, "residual": True},
+    "reservoir-500": {"model": {**_RES, "n_hidden": 500}, "transform": {"normalise": True, "residual": True},
                       "readout": {"kind": "rls", "delta": 1e-8}, "learning": {"optimizer": "frozen"}},
     # tuned for NARMA-10 (small input scaling on the raw u in [0, 0.5], radius 0.95): supervised
     "reservoir-300 narma": {"model": {**_RES, "n_hidden": 300},
@@ -51,17 +51,17 @@ CONFIGS = {
                             "readout": {"kind": "rls", "delta": 1e-8}, "learning": {"optimizer": "frozen"}},
     # the hybrid: the same 200-unit reservoir, its weights learning through D-RTRL traces from
     # the RLS readout's error, beside the fixed one (default)
-    "hybrid-200 d-rtrl": {"model": {**_RES, "n_hidden": 200}, "signal": {"normalise": True, "residual": True},
+    "hybrid-200 d-rtrl": {"model": {**_RES, "n_hidden": 200}, "transform": {"normalise": True, "residual": True},
                           "readout": {"kind": "rls"}, "learning": {"algorithm": "d-rtrl", "optimizer": "sgd",
                                                                    "lr": 1e-4}},
     "gru-32 d-rtrl norm+res": {"model": {"stack": "gru", "n_hidden": 32},
-                               "signal": {"normalise": True, "residual": True},
+                               "transform": {"normalise": True, "residual": True},
                                "learning": {"algorithm": "d-rtrl", "lr": 1e-3}},
     "gru-32 d-rtrl (raw)": {"model": {"stack": "gru", "n_hidden": 32},
                             "learning": {"algorithm": "d-rtrl", "lr": 1e-3}},
-    "lif-256 d-rtrl norm": {"model": {"factory": "quality_models:lif256"}, "signal": {"normalise": True},
+    "lif-256 d-rtrl norm": {"model": {"factory": "quality_models:lif256"}, "transform": {"normalise": True},
                             "learning": {"algorithm": "d-rtrl", "lr": 3e-4}},
-    "alif-256 d-rtrl norm": {"model": {"factory": "quality_models:alif256"}, "signal": {"normalise": True},
+    "alif-256 d-rtrl norm": {"model": {"factory": "quality_models:alif256"}, "transform": {"normalise": True},
                              "learning": {"algorithm": "d-rtrl", "lr": 3e-4}},
     # the default is the hybrid: its fixed reservoir beside a GRU-16 whose weights learn through
     # D-RTRL traces from the readout's error (nn.Beside, [learned]). Against it: the reservoir alone

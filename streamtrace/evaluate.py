@@ -154,7 +154,7 @@ def default_config(task: Task) -> dict:
     from .recipe.defaults import DEFAULT_LEARNER
     data = {section: dict(values) for section, values in DEFAULT_LEARNER.items()}
     data["model"].update(n_in=task.n_in, n_out=task.n_out)
-    data["signal"]["residual"] = task.mode == "forecast"
+    data["transform"]["residual"] = task.mode == "forecast"
     data["learning"]["mode"] = task.mode
     return data
 

@@ -9,9 +9,9 @@ BAD = [
     ({"reservoir": {"leak": 0.0}}, "reservoir.leak"),
     ({"reservoir": {"density": 1.5}}, "reservoir.density"),
     ({"reservoir": {"spectral_radius": -1.0}}, "reservoir.spectral_radius"),
-    ({"signal": {"normalise_warmup": 0}}, "signal.normalise_warmup"),
-    ({"signal": {"normalise_rate": 1.0}}, "signal.normalise_rate"),
-    ({"signal": {"residual": True}, "learning": {"mode": "supervised"}}, "signal.residual"),
+    ({"transform": {"normalise_warmup": 0}}, "transform.normalise_warmup"),
+    ({"transform": {"normalise_rate": 1.0}}, "transform.normalise_rate"),
+    ({"transform": {"residual": True}, "learning": {"mode": "supervised"}}, "transform.residual"),
     ({"readout": {"kind": "ridge"}}, "readout.kind"),
     ({"readout": {"kind": "rls", "lam": 0.0}}, "readout.lam"),
     ({"readout": {"kind": "rls", "delta": [0.1, -1.0]}}, "readout.delta"),
@@ -37,7 +37,7 @@ def test_a_full_quality_config_reaches_the_learner():
     cfg = load_config(None, overrides={
         "model": {"stack": "reservoir", "n_in": 2, "n_hidden": 12, "n_out": 1, "precision": 64},
         "reservoir": {"leak": 0.5, "spectral_radius": 0.8},
-        "signal": {"normalise": True, "normalise_warmup": 5, "residual": True},
+        "transform": {"normalise": True, "normalise_warmup": 5, "residual": True},
         "readout": {"kind": "rls", "delta": 1e-3, "lam": 0.999},
         "learning": {"optimizer": "frozen", "channels": [1], "horizon": 3},
         "metrics": {"window": 50}})
@@ -57,3 +57,12 @@ def test_a_full_quality_config_reaches_the_learner():
     for k, v in learner.params.items():
         np.testing.assert_array_equal(v, before[k])
     assert np.any(learner.state_dict()["readout.W"] != 0)
+
+
+def test_the_old_signal_section_is_read_as_transform_with_a_warning():
+    new = load_config(None, overrides={"transform": {"normalise": True, "normalise_warmup": 7}})
+    with pytest.warns(FutureWarning, match=r"\[signal\] is now called \[transform\]"):
+        old = load_config(None, overrides={"signal": {"normalise": True, "normalise_warmup": 7}})
+    assert old.transform == new.transform and old.transform.normalise_warmup == 7
+    with pytest.raises(ConfigError, match="give one of them"):
+        load_config(None, overrides={"signal": {"normalise": True}, "transform": {"normalise": True}})

@@ -25,8 +25,8 @@ def test_a_config_that_names_no_model_is_the_default_learner():
         for key, value in values.items():
             assert getattr(getattr(cfg, section), key) == value, f"{section}.{key}"
     # ... and that is the learner the README documents (not only what DEFAULT_LEARNER says today)
-    assert (cfg.model.stack, cfg.model.n_hidden, cfg.model.precision, cfg.signal.normalise, cfg.signal.normalise_rate,
-            cfg.signal.residual, cfg.readout.kind, cfg.learning.optimizer, cfg.combine.experts) == \
+    assert (cfg.model.stack, cfg.model.n_hidden, cfg.model.precision, cfg.transform.normalise, cfg.transform.normalise_rate,
+            cfg.transform.residual, cfg.readout.kind, cfg.learning.optimizer, cfg.combine.experts) == \
         ("reservoir", 200, 64, True, 0.003, True, "rls", "frozen", True)
     assert (cfg.learned.stack, cfg.learned.n_hidden, cfg.learned.optimizer, cfg.learned.lr) == ("gru", 16, "sgd", 3e-3)
     # the user can turn the learned cell off; a named stack gets none
@@ -37,7 +37,7 @@ def test_a_config_that_names_no_model_is_the_default_learner():
     gru = load_config(None, {"model": {"stack": "gru"}})
     assert (gru.model.n_hidden, gru.readout.kind, gru.learning.optimizer, gru.combine.experts) == (32, "", "adam", False)
     sup = load_config(None, {"learning": {"mode": "supervised"}})
-    assert sup.signal.residual is False and sup.signal.normalise and sup.combine.experts
+    assert sup.transform.residual is False and sup.transform.normalise and sup.combine.experts
 
 
 @pytest.mark.slow

@@ -21,7 +21,7 @@ CASES = {    # a GRU learning its weights by D-RTRL, in float32 and float64; the
              # (a float64 reservoir, normalised residual inputs, an RLS readout, the experts)
     "gru-f32": {"model": {"stack": "gru", "n_hidden": 6, "precision": 32}, "learning": {"lr": 1e-2}},
     "gru-f64": {"model": {"stack": "gru", "n_hidden": 6, "precision": 64}, "learning": {"lr": 1e-2}},
-    "default": {"model": {"n_hidden": 20}, "signal": {"normalise_warmup": 3}},
+    "default": {"model": {"n_hidden": 20}, "transform": {"normalise_warmup": 3}},
 }
 
 

@@ -220,7 +220,7 @@ def test_a_streams_bits_do_not_depend_on_what_shares_its_calls():
 @pytest.mark.parametrize("sections", [
     {"learning": {"mode": "forecast", "channels": [0, 1]}},
     {"readout": {"kind": "rls"}},
-    {"signal": {"normalise": True}},
+    {"transform": {"normalise": True}},
     {"learning": {"optimizer": "frozen"}},
     {"learning": {"label_delay": -1}},
 ])

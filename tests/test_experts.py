@@ -117,7 +117,7 @@ def _forecaster(combine, slots=None):
          "window": combine.window}
     # the learned GRU beside the reservoir left out: the mixture is what is tested here
     cfg = load_config(None, {"model": {"n_in": 2, "n_out": 2, "n_hidden": 12, "seed": 3},
-                             "signal": {"normalise_warmup": 20}, "combine": on, "learned": {"stack": ""}})
+                             "transform": {"normalise_warmup": 20}, "combine": on, "learned": {"stack": ""}})
     assert cfg.model.stack == "reservoir" and cfg.model.precision == 64    # the default learner
     # one model per stream, as the engine runs it (the default's learned GRU would be shared)
     return build_learner(cfg, slots=slots, shared_weights=cfg.engine.shared_weights)

@@ -93,7 +93,7 @@ def test_the_default_learner_shrugs_off_every_glitch(default_learner):
 @pytest.mark.slow
 def test_float32_maximum_into_a_float32_model():
     cfg = load_config(None, {"model": {"stack": "gru", "n_in": 2, "n_hidden": 16, "n_out": 2},
-                             "signal": {"normalise": True, "residual": True}})
+                             "transform": {"normalise": True, "residual": True}})
     learner = build_learner(cfg)
     init = {k: v.copy() for k, v in learner.state_dict().items()}
     x = recording().astype(np.float32)

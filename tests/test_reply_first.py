@@ -20,8 +20,8 @@ CASES = {
     "gru-f32": GRU,
     "gru-f64": {**GRU, "model": {"stack": "gru", "n_hidden": 6, "precision": 64}},
     "gru-shared": {**GRU, "engine": {"shared_weights": True}},
-    "default": {"model": {"n_hidden": 20}, "learning": {"mode": "supervised"}, "signal": {"normalise_warmup": 3}},
-    "default-forecast-before": {"model": {"n_hidden": 20}, "signal": {"normalise_warmup": 3},
+    "default": {"model": {"n_hidden": 20}, "learning": {"mode": "supervised"}, "transform": {"normalise_warmup": 3}},
+    "default-forecast-before": {"model": {"n_hidden": 20}, "transform": {"normalise_warmup": 3},
                                 "learning": {"mode": "forecast", "forecast_before_update": True}},
 }
 

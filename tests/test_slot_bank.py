@@ -79,7 +79,7 @@ RES, CELL = 12, 3
 def hybrid_cfg():
     return load_config(None, {"model": {"stack": "reservoir", "n_in": N_IN, "n_hidden": RES, "n_out": N_IN,
                                         "precision": 64},
-                              "signal": {"normalise": True, "residual": True}, "readout": {"kind": "rls"},
+                              "transform": {"normalise": True, "residual": True}, "readout": {"kind": "rls"},
                               "learned": {"stack": "gru", "n_hidden": CELL}, "combine": {"experts": True},
                               "learning": {"mode": "forecast", "optimizer": "frozen"}, "engine": {"slots": N}})
 

@@ -90,7 +90,7 @@ n_in = 2
 n_out = 2
 [reservoir]
 leak = "20 ms"
-[signal]
+[transform]
 normalise = true
 normalise_warmup = "2 s"
 normalise_rate = "0.75 Hz"
@@ -132,7 +132,7 @@ n_in = 2
 n_out = 2
 [reservoir]
 leak = 0.2
-[signal]
+[transform]
 normalise = true
 normalise_warmup = 500
 normalise_rate = 0.003

@@ -16,7 +16,7 @@ from streamtrace.engine.core import EngineCore
 SECTIONS = {"model": {"stack": "reservoir", "n_in": 2, "n_hidden": 20, "n_out": 1, "precision": 64},
             "learning": {"mode": "supervised", "optimizer": "frozen"},
             "learned": {"stack": "gru", "n_hidden": 4},
-            "signal": {"normalise": True, "normalise_warmup": 5, "normalise_rate": 0.01},
+            "transform": {"normalise": True, "normalise_warmup": 5, "normalise_rate": 0.01},
             "readout": {"kind": "rls"}, "combine": {"experts": True},
             "engine": {"slots": 2, "park_s": 0.0}, "publish": {"weights_every": 0}}
 PREDICTING = ("params.", "readout.", "signal.", "combine.")

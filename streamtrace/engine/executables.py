@@ -38,7 +38,7 @@ KEEP = 200     # the newest stored programs kept in a folder; older ones are rem
 _MISS = "xla_cpu_collective_timeout_seconds"    # changes a program's key in jax's cache, not its code
 # every section that is compiled into a program (constants, shapes, which code runs); the
 # others (sockets, publish, checkpoint, security, bridge) never reach the learner
-_SECTIONS = ("model", "reservoir", "signal", "readout", "learning", "learned", "combine", "metrics", "engine")
+_SECTIONS = ("model", "reservoir", "transform", "readout", "learning", "learned", "combine", "metrics", "engine")
 _PACKAGES = ("jax", "jaxlib", "brainstate", "brainunit", "saiunit", "optax", "numpy")
 
 

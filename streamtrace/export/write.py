@@ -28,7 +28,7 @@ __all__ = ["export_learner", "FORMAT", "FILES"]
 
 # the config sections that describe the learner (the manifest keeps these; sockets, security
 # and bridge sections may name key files or hold passwords and are left out)
-LEARNER_SECTIONS = ("model", "reservoir", "signal", "readout", "learning", "learned", "combine", "metrics")
+LEARNER_SECTIONS = ("model", "reservoir", "transform", "readout", "learning", "learned", "combine", "metrics")
 _LIBRARIES = ("streamtrace", "jax", "jaxlib", "brainstate", "numpy", "iree-base-compiler")
 
 

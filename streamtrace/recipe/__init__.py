@@ -1,5 +1,5 @@
 """A learner's recipe: the learner sections of a config (``[model]``, ``[reservoir]``,
-``[signal]``, ``[readout]``, ``[learning]``, ``[learned]``, ``[combine]``, ``[screen]``,
+``[transform]``, ``[readout]``, ``[learning]``, ``[learned]``, ``[combine]``, ``[screen]``,
 ``[metrics] window``, ``[stream]``), the default learner, validation, and ``build_learner``.
 
 Below the engine: ``serve`` builds what a recipe describes, and so do ``evaluate`` and

@@ -1,4 +1,4 @@
-"""A learner from its recipe: the one place that turns ``[model]``, ``[reservoir]``, ``[signal]``,
+"""A learner from its recipe: the one place that turns ``[model]``, ``[reservoir]``, ``[transform]``,
 ``[readout]``, ``[learning]``, ``[learned]``, ``[combine]`` and ``[screen]`` into an
 ``OnlineLearner`` (the engine serves it, ``streamtrace evaluate`` scores it, ``streamtrace export``
 compiles it)."""
@@ -73,7 +73,7 @@ def set_precision(bits: int):
 
 
 def transform_of(cfg: Recipe):
-    sg = cfg.signal
+    sg = cfg.transform
     parts = screen_of(cfg) + ([normalise(sg.normalise_warmup, sg.normalise_rate)] if sg.normalise else []) + \
         ([residual()] if sg.residual else []) + ([feedback(sg.feedback, cfg.model.n_out)] if sg.feedback else [])
     return chain(*parts) if parts else None
@@ -148,7 +148,7 @@ def build_learner(cfg: Recipe, *, slots: int | None = None, shared_weights: bool
     """
     lc = cfg.learning
     set_precision(cfg.model.precision)
-    n_model = cfg.model.n_in + cfg.signal.feedback * cfg.model.n_out      # feedback: targets are inputs too
+    n_model = cfg.model.n_in + cfg.transform.feedback * cfg.model.n_out      # feedback: targets are inputs too
     model = build_model(dataclasses.replace(cfg.model, n_in=n_model), cfg.reservoir)
     model, optimizer = beside_of(cfg, model, make_optimizer(lc), n_model)
     example = np.zeros(cfg.model.n_in, np.float64 if cfg.model.precision == 64 else np.float32)

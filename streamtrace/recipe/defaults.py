@@ -18,7 +18,7 @@ __all__ = ["DEFAULT_LEARNER", "fill_defaults"]
 
 DEFAULT_LEARNER = {
     "model": {"stack": "reservoir", "n_hidden": 200, "precision": 64},
-    "signal": {"normalise": True, "normalise_rate": 0.003, "residual": "forecast"},  # residual: forecasts only
+    "transform": {"normalise": True, "normalise_rate": 0.003, "residual": "forecast"},  # residual: forecasts only
     "readout": {"kind": "rls", "change_lam": 0.99},
     "learned": {"stack": "gru", "n_hidden": 16},
     "learning": {"optimizer": "frozen"},

@@ -26,9 +26,9 @@ HZ = "hertz"
 QUANTITY_KEYS = {
     "stream.rate": HZ,
     "reservoir.leak": PER_STEP,
-    "signal.normalise_warmup": STEPS,
-    "signal.normalise_rate": PER_STEP,
-    "signal.feedback": STEPS,
+    "transform.normalise_warmup": STEPS,
+    "transform.normalise_rate": PER_STEP,
+    "transform.feedback": STEPS,
     "readout.lam": MEMORY,
     "readout.change_lam": MEMORY,
     "readout.change_hold": STEPS,

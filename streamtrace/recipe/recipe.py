@@ -1,4 +1,4 @@
-"""A learner's recipe: the sections that describe one learner (model, reservoir, signal
+"""A learner's recipe: the sections that describe one learner (model, reservoir, input
 transforms, readout, learning, learned features, experts, screen, rolling metrics), checked on
 their own and against each other. ``build.build_learner`` turns a recipe into an
 ``OnlineLearner``; the engine's config is a recipe plus the server's sections.
@@ -34,7 +34,7 @@ class Recipe:
 
     Parameters
     ----------
-    stream, model, reservoir, signal, readout, learning, learned, combine, screen, metrics
+    stream, model, reservoir, transform, readout, learning, learned, combine, screen, metrics
         The sections (``recipe.sections``); each defaults to its dataclass's defaults.
 
     >>> Recipe().learning.mode
@@ -43,7 +43,7 @@ class Recipe:
     stream: StreamConfig = field(default_factory=StreamConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     reservoir: ReservoirConfig = field(default_factory=ReservoirConfig)
-    signal: InputTransformConfig = field(default_factory=InputTransformConfig)
+    transform: InputTransformConfig = field(default_factory=InputTransformConfig)
     readout: ReadoutConfig = field(default_factory=ReadoutConfig)
     learning: LearningConfig = field(default_factory=LearningConfig)
     learned: LearnedConfig = field(default_factory=LearnedConfig)
@@ -163,8 +163,8 @@ class Recipe:
             why = "a model that learns (learning.optimizer not 'frozen') and learning.learn_every = 1"
         elif self.readout.kind or self.learned.stack or self.combine.experts:
             why = "no readout.kind, learned.stack or combine.experts"
-        elif self.signal.normalise or self.signal.feedback or self.signal.residual:
-            why = "no [signal] transforms (normalise, feedback, residual)"
+        elif self.transform.normalise or self.transform.feedback or self.transform.residual:
+            why = "no [transform] settings (normalise, feedback, residual)"
         if why:
             raise ConfigError("learning.label_delay", f"delayed labels need {why}")
 
@@ -187,7 +187,7 @@ class Recipe:
                                   "input channels (give one pair, or one per channel)")
 
     def _validate_learning_quality(self):
-        m, r, sg, ro, l = self.model, self.reservoir, self.signal, self.readout, self.learning
+        m, r, sg, ro, l = self.model, self.reservoir, self.transform, self.readout, self.learning
         if not 0 < r.leak <= 1:
             raise ConfigError("reservoir.leak", f"must be in (0, 1]; got {r.leak}")
         if not 0 < r.density <= 1:
@@ -196,15 +196,15 @@ class Recipe:
             v = getattr(r, key)
             if not (math.isfinite(v) and v >= 0):
                 raise ConfigError(f"reservoir.{key}", f"must be a finite number >= 0; got {v}")
-        int_range("signal.normalise_warmup", sg.normalise_warmup, 1, 2**31 - 1)
+        int_range("transform.normalise_warmup", sg.normalise_warmup, 1, 2**31 - 1)
         if not 0 <= sg.normalise_rate < 1:
-            raise ConfigError("signal.normalise_rate", f"must be in [0, 1); got {sg.normalise_rate}")
-        int_range("signal.feedback", sg.feedback, 0, 10_000, " (targets fed back; 0: off)")
+            raise ConfigError("transform.normalise_rate", f"must be in [0, 1); got {sg.normalise_rate}")
+        int_range("transform.feedback", sg.feedback, 0, 10_000, " (targets fed back; 0: off)")
         if sg.feedback and l.mode != "supervised":
-            raise ConfigError("signal.feedback", "feeds supervised targets back as inputs: needs learning.mode = "
+            raise ConfigError("transform.feedback", "feeds supervised targets back as inputs: needs learning.mode = "
                               "'supervised' (a forecast's input already is its last target)")
         if sg.residual and l.mode != "forecast":
-            raise ConfigError("signal.residual", "predicts the change of a forecast: needs learning.mode = 'forecast'")
+            raise ConfigError("transform.residual", "predicts the change of a forecast: needs learning.mode = 'forecast'")
         if ro.kind not in ("", "rls"):
             raise ConfigError("readout.kind", f"{ro.kind!r}: choose 'rls' (or leave it out)")
         if not 0 < ro.lam <= 1:

@@ -43,8 +43,8 @@ class ReservoirConfig:           # model.stack = "reservoir": n_hidden leaky tan
 
 
 @dataclass
-class InputTransformConfig:      # [signal]: the input transforms between the user's units and the model
-                                 # (not a learning signal: those are etrace.signals hooks)
+class InputTransformConfig:      # [transform]: the input transforms between the user's units and the
+                                 # model (was [signal], still read with a warning)
     normalise: bool = False      # causal per-channel standardisation (learning waits for warm-up)
     normalise_warmup: int = 100
     normalise_rate: float = 0.0  # after warm-up: 0 = frozen statistics, else an exponential rate

@@ -15,9 +15,35 @@ from .errors import ConfigError
 from .quantities import QUANTITY_KEYS
 from .sections import StreamConfig
 
-__all__ = ["read_toml", "fill", "fill_section", "stream_section"]
+__all__ = ["read_toml", "fill", "fill_section", "stream_section", "renamed", "RENAMED"]
 
 _KIND = {"int": "an integer", "float": "a number", "str": "a string", "bool": "true or false"}
+# sections renamed: the old name is still read, with a warning
+RENAMED = {"signal": "transform"}
+
+
+def renamed(data: dict) -> dict:
+    """``data`` with each old section name (:data:`RENAMED`) read as its new one, warning once
+    per file (``FutureWarning``); both names at once is a ``ConfigError``.
+
+    >>> import warnings
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     renamed({"signal": {"normalise": True}}), str(caught[0].message)
+    ({'transform': {'normalise': True}}, '[signal] is now called [transform]; please rename it (read as [transform])')
+    """
+    if not any(old in data for old in RENAMED):
+        return data
+    import warnings
+    out = dict(data)
+    for old, new in RENAMED.items():
+        if old in out:
+            if new in out:
+                raise ConfigError(old, f"[{old}] is the old name of [{new}]: give one of them")
+            warnings.warn(f"[{old}] is now called [{new}]; please rename it (read as [{new}])", FutureWarning,
+                          stacklevel=3)
+            out[new] = out.pop(old)
+    return out
 
 
 def fill(obj, data: dict, where: str = "", quantities=QUANTITY_KEYS) -> set:
@@ -42,6 +68,8 @@ def fill(obj, data: dict, where: str = "", quantities=QUANTITY_KEYS) -> set:
     """
     names = {f.name for f in fields(obj)}
     given = set()
+    if not where:
+        data = renamed(data)
     for key, value in data.items():
         if key not in names:
             what = "section" if not where else "key"
