@@ -64,7 +64,7 @@ def test_first_step_is_exact_for_every_stack(x64, stack):
     for algo in (st.etrace.D_RTRL(model, xs[0]), st.etrace.ES_D_RTRL(model, xs[0], decay=a), st.etrace.RTRL(model, xs[0])):
         params, h0, g = _run(algo, xs, ys, steps=1)
         oracle = jax.grad(lambda p: mse(f(p, h0, xs[0])[0], ys[0]))(params)
-        # ES-D-RTRL's fbar carries the (1 - a) normalisation of DESIGN.md: at step 0 its
+        # ES-D-RTRL's fbar carries a (1 - a) normalisation (etrace/es_d_rtrl.py): at step 0 its
         # matmul-weight gradients are (1 - a) times the exact ones
         scaled = {p for r in algo.graph.traced_relations if r.kind == "matmul" for p in r.params} \
             if isinstance(algo, st.etrace.ES_D_RTRL) else set()

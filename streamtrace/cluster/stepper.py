@@ -4,7 +4,7 @@ partitions the worker owns, each stream's state moved in and out of its slot exa
 One message per compiled call (``ingest`` then ``tick``), as a single-process engine fed one
 message at a time does: the program that serves a message is then the same in both (the
 one-busy-slot call), which is what the bit-for-bit comparison with a single engine rests on
-until the step is deterministic whatever the batching (DESIGN.md section 10).
+until the step is deterministic whatever the batching (docs/decisions/determinism.md).
 """
 from __future__ import annotations
 

@@ -4,11 +4,11 @@ without sleeping.
 A blocked poll costs a wake-up per message (the kernel's scheduler, an idle vCPU woken, then
 cold caches for the Python that reads, steps and replies); polling on after a message cut a
 one-sensor round trip's median nearly in half (one GRU-64 sensor over ipc). It pays only if
-the next message comes while the loop still polls: a sensor sending every 2 ms met an engine
-that had polled for 1 ms and gone to sleep, and paid the wake-up anyway (p50 2.19x the bare
-echo's, p99 3.73x). So the window is measured against the sender: after traffic that came at
-most ``spin_us`` after the traffic before it, the loop polls for ``spin_us`` and a steady
-sender never finds it asleep (the same sensor 1.49x, p99 2.16x: bench/poll_window.py); after
+the next message comes while the loop still polls: a sensor sending a little slower than the
+window met an engine that had gone to sleep and paid the wake-up anyway. So the window is
+measured against the sender: after traffic that came at most ``spin_us`` after the traffic
+before it, the loop polls for ``spin_us`` and a steady sender never finds it asleep (measured
+in docs/benchmarks.md, by bench/poll_window.py); after
 a longer gap (or the first message after idle) it polls for ``SHORT_US`` only, as before.
 
 The cost is CPU time while traffic flows: a sender at least every ``spin_us`` keeps one CPU

@@ -3,8 +3,7 @@
 jax's CPU client hands each call to a worker thread by default (async dispatch), so Python can
 go on while it runs. An online step is awaited at once (its prediction is the answer), so the
 hand-off buys nothing, and on a small multi-CPU machine each one is a cross-CPU wake-up.
-Measured (2-vCPU AMD EPYC guest, `streamtrace evaluate mackey-glass`, the default learner):
-257 us a step handed off, 154-182 us inline (docs/benchmarks.md, "Inline dispatch"). The
+Inline is the faster of the two there (measured in docs/benchmarks.md, "Inline dispatch"). The
 setting is read once, when jax starts its CPU backend, and holds for the whole process, so
 it belongs to whoever owns the process: the engine, the CLI's commands, a benchmark.
 """

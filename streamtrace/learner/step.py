@@ -118,8 +118,8 @@ def _check_gradient(grads, frozen=()):
     array (GRU-256 ES-D-RTRL, one slot: 1.27x the limit program with it, 1.19x without);
     their values are guarded one by one in the update instead (``_keep_finite``).
     ``frozen``: the groups (top-level keys) whose gradient is zero by construction, left
-    unread: the barrier would have XLA build their zeros and sum them every step (the small
-    config's 150 x 150 reservoir weight: ~60 us of its step)."""
+    unread: the barrier would have XLA build their zeros and sum them every step (for a frozen
+    reservoir weight, a sizeable part of the step)."""
     if frozen:
         fixed = {g: grads[g] for g in frozen}
         rest, finite = _check_gradient({g: v for g, v in grads.items() if g not in fixed})
