@@ -55,10 +55,10 @@ def default_sides() -> dict:
 
 
 def gru_sides(hidden, algo, slots) -> dict:
-    from test_step_latency import _step_fn
-    out = {f"gru{hidden}-{algo}-{slots or 1}, guarded": _step_fn("gru", hidden, algo, slots)}
-    with no_rollback():      # _step_fn compiles its program before it returns
-        out[f"gru{hidden}-{algo}-{slots or 1}, bare"] = _step_fn("gru", hidden, algo, slots)
+    from timing import stack_step
+    out = {f"gru{hidden}-{algo}-{slots or 1}, guarded": stack_step("gru", hidden, algo, slots)}
+    with no_rollback():      # stack_step compiles its program before it returns
+        out[f"gru{hidden}-{algo}-{slots or 1}, bare"] = stack_step("gru", hidden, algo, slots)
     return out
 
 

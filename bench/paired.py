@@ -37,8 +37,8 @@ TARGETS = [
 
 def sides(hidden, algo, slots, reference: bool) -> dict:
     from limits import make_limit_step
-    from test_step_latency import N_IN, N_OUT, _step_fn
-    out = {"streamtrace": _step_fn("gru", hidden, algo, slots),
+    from timing import N_IN, N_OUT, stack_step
+    out = {"streamtrace": stack_step("gru", hidden, algo, slots),
            "limit": make_limit_step(N_IN, hidden, N_OUT, algo, slots, adam="optax"),
            "limit, fused Adam": make_limit_step(N_IN, hidden, N_OUT, algo, slots, adam="fused")}
     if reference:

@@ -7,14 +7,13 @@ import pytest
 
 import streamtrace as st
 from limits import make_limit_step
-from timing import step_call
+from timing import N_IN, N_OUT, stack_step
 
 try:
     from reference_braintrace import AVAILABLE as REFERENCE, make_step
 except ImportError:  # the reference is an optional extra
     REFERENCE = False
 
-N_IN, N_OUT = 4, 1
 MODELS = [("gru", 64), ("gru", 256), ("lif", 256), ("alif", 256)]
 ALGOS = ["d-rtrl", "es-d-rtrl"]
 SLOTS = [None, 64]
@@ -26,23 +25,11 @@ def test_dispatch_floor(record):
     record("floor", "jax dispatch floor", lambda: np.asarray(f(x)))
 
 
-def _step_fn(kind, hidden, algo, slots, steps=1):
-    # the default optimizer, st.adam(1e-3): optax.adam up to rounding, applied in place
-    learner = st.OnlineLearner(st.nn.Stack(kind, N_IN, hidden, N_OUT), np.zeros(N_IN, np.float32),
-                               algorithm=algo, optimizer=st.adam(1e-3), slots=slots)
-    queued = () if steps == 1 else (steps,)
-    lead = queued + (() if slots is None else (slots,))
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=lead + (N_IN,)).astype(np.float32)
-    y = rng.normal(size=lead + (N_OUT,)).astype(np.float32)
-    return step_call(learner, x, y, steps if steps > 1 else None)
-
-
 @pytest.mark.parametrize("slots", SLOTS, ids=["1slot", "64slots"])
 @pytest.mark.parametrize("algo", ALGOS)
 @pytest.mark.parametrize("kind,hidden", MODELS, ids=[f"{k}{h}" for k, h in MODELS])
 def test_learner_step(record, kind, hidden, algo, slots):
-    step = _step_fn(kind, hidden, algo, slots)
+    step = stack_step(kind, hidden, algo, slots)
     name = f"streamtrace {kind.upper()}-{hidden} {algo} {slots or 1} slot(s)"
     record("streamtrace", name, step, model=f"{kind}{hidden}", algorithm=algo, slots=slots or 1)
 
@@ -87,7 +74,7 @@ def test_steps_per_call(record, side, hidden, algo, slots):
     info = dict(model=f"gru{hidden}", algorithm=algo, slots=slots or 1, per_call=STEPS)
     where = f"{slots or 1} slot(s), {STEPS} steps per call, per step"
     if side == "streamtrace":
-        step, name = _step_fn("gru", hidden, algo, slots, STEPS), f"streamtrace GRU-{hidden} {algo} {where}"
+        step, name = stack_step("gru", hidden, algo, slots, STEPS), f"streamtrace GRU-{hidden} {algo} {where}"
     elif side == "limit":
         step = make_limit_step(N_IN, hidden, N_OUT, algo, slots, steps=STEPS)
         name, info["adam"] = f"limit GRU-{hidden} {algo} {where}, optax Adam", "optax"

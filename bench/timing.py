@@ -10,7 +10,10 @@ import platform
 from streamtrace.commands.bench import percentiles, timed
 from streamtrace.transport.timing import paced
 
-__all__ = ["percentiles", "timed", "paced", "pin", "unpin", "cpu_name", "machine_line", "step_call"]
+__all__ = ["percentiles", "timed", "paced", "pin", "unpin", "cpu_name", "machine_line", "step_call", "stack_step",
+           "N_IN", "N_OUT"]
+
+N_IN, N_OUT = 4, 1      # the step benches' models: 4 inputs, 1 output
 
 
 def step_call(learner, x, y, steps: int | None = None):
@@ -26,6 +29,24 @@ def step_call(learner, x, y, steps: int | None = None):
         box[0], vec = compiled(box[0], x, y, active, active)
         return np.asarray(vec)
     return step
+
+
+def stack_step(kind, hidden, algo, slots, steps=1):
+    """A no-argument call of the compiled step of an ``st.nn.Stack(kind, N_IN, hidden, N_OUT)``
+    learner under ``algo`` with the default optimizer (``st.adam(1e-3)``: optax.adam up to
+    rounding, applied in place), over ``slots`` (None: one stream) and ``steps`` steps a call,
+    on fixed random inputs (``step_call``)."""
+    import numpy as np
+
+    import streamtrace as st
+    learner = st.OnlineLearner(st.nn.Stack(kind, N_IN, hidden, N_OUT), np.zeros(N_IN, np.float32),
+                               algorithm=algo, optimizer=st.adam(1e-3), slots=slots)
+    queued = () if steps == 1 else (steps,)
+    lead = queued + (() if slots is None else (slots,))
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=lead + (N_IN,)).astype(np.float32)
+    y = rng.normal(size=lead + (N_OUT,)).astype(np.float32)
+    return step_call(learner, x, y, steps if steps > 1 else None)
 
 
 def pin(cpu: int | None):

@@ -201,3 +201,10 @@ def test_no_reference_to_documents_the_project_does_not_have():
 def test_the_readme_is_a_short_guide():
     lines = (ROOT / "README.md").read_text().count("\n")
     assert lines <= 300, f"README.md has {lines} lines: move reference material to docs/ (limit 300)"
+
+
+def test_bench_scripts_import_no_test_file():
+    """bench/ shares its helpers through plain modules (timing.py, limits.py), never a pytest file."""
+    bad = [f"{p.name}: {line.strip()}" for p in sorted((ROOT / "bench").glob("*.py"))
+           for line in p.read_text().splitlines() if re.match(r"\s*(from|import) test_\w+", line)]
+    assert not bad, "bench scripts importing pytest files:\n" + "\n".join(bad)
