@@ -140,13 +140,9 @@ def main(argv=None) -> int:
         client = SensorClient(router, stream=f"bench-e2e-{tag}", timeout_s=60)
 
         def e2e(n, start):
-            rtt = np.empty(n)
-            for i in range(n):
-                k = start + i
-                t0 = time.perf_counter()
-                client.step([np.sin(0.1 * k), np.cos(0.1 * k)])
-                rtt[i] = time.perf_counter() - t0
-            return rtt
+            from timing import timed
+            k = iter(range(start, start + n))
+            return np.asarray(timed(lambda: client.step([np.sin(0.1 * (j := next(k))), np.cos(0.1 * j)]), n))
 
         paths = {"bus floor": lambda n, k: lsl_round_trips(floor_out, floor_in, n, k),
                  "engine e2e": e2e,

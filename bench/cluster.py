@@ -57,11 +57,8 @@ def echo_latency(url: str, n: int) -> np.ndarray:
     th.start()
     ready.wait(30)
     c = ClusterClient(url)
-    out = []
-    for i in range(n + 20):
-        t = time.perf_counter()
-        c._call(c.nc.request("bench.echo", b"x" * 64, timeout=5))
-        out.append(time.perf_counter() - t)
+    from timing import timed
+    out = timed(lambda: c._call(c.nc.request("bench.echo", b"x" * 64, timeout=5)), n + 20)
     c.close()
     loop.call_soon_threadsafe(stop.set)
     th.join(10)
@@ -96,13 +93,12 @@ class _EchoProcess:
         self.c, self.i = ClusterClient(url, stream=stream), 0
 
     def __call__(self, n: int) -> np.ndarray:
-        out = []
-        for _ in range(n):
+        from timing import timed
+
+        def one():
             self.i += 1
-            t = time.perf_counter()
             self.c._call(self._round(self.i))
-            out.append(time.perf_counter() - t)
-        return np.asarray(out)
+        return np.asarray(timed(one, n))
 
     def close(self):
         self.c.close()
@@ -165,12 +161,9 @@ class JsEcho(_EchoProcess):
 
 
 def timed_steps(client, n: int) -> np.ndarray:
-    x, out = np.array([0.3], np.float32), []
-    for _ in range(n):
-        t = time.perf_counter()
-        client.step(x)
-        out.append(time.perf_counter() - t)
-    return np.asarray(out)
+    from timing import timed
+    x = np.array([0.3], np.float32)
+    return np.asarray(timed(lambda: client.step(x), n))
 
 
 def free_tcp() -> str:

@@ -64,14 +64,9 @@ def throughput(endpoint: str, n: int, stream: str, window: int = 16, pid: int | 
 
 def roundtrip_p50(endpoint: str, n: int, stream: str) -> float:
     x = np.zeros(1, np.float32)
-    out = np.empty(n)
+    from timing import timed
     with client(endpoint, stream, n + 300) as c:
-        for _ in range(300):
-            c.step(x)
-        for i in range(n):
-            t0 = time.perf_counter()
-            c.step(x)
-            out[i] = time.perf_counter() - t0
+        out = timed(lambda: c.step(x), n, warmup=300)
     return float(np.median(out) * 1e6)
 
 

@@ -15,6 +15,7 @@ import zmq
 
 from streamtrace import wire
 from streamtrace.engine.launch import start_engine, stop, write_config
+from configs import ipc_sockets  # noqa: E402
 
 CHROMIUM = ("/usr/bin/chromium", "/usr/bin/chromium-browser")
 CHROMEDRIVER = ("/usr/bin/chromedriver", "/usr/lib/chromium/chromedriver")
@@ -29,7 +30,7 @@ def engine_config(folder: Path, sock_dir: Path) -> Path:
         "model": {"stack": "gru", "n_in": 1, "n_hidden": 8, "n_out": 1},
         "learning": {"mode": "forecast", "lr": 3e-3},
         "engine": {"slots": 4, "on_gap": "accept"},   # what a restart loses in flight is skipped
-        "sockets": {k: f"ipc://{sock_dir}/{k}" for k in ("router", "pull", "pub")},
+        "sockets": ipc_sockets(sock_dir, pull=True, pub=True),
         "publish": {"stats_every_s": 0.25, "weights_every": 200},
     })
 

@@ -29,9 +29,10 @@ N_IN, N_OUT = 3, 2
 @contextlib.contextmanager
 def running_engine(folder: Path, sections: dict, *, name: str = "engine"):
     """Yields ``(proc, endpoints, config_path)``; endpoints: router, pull, pub (ipc://)."""
+    from configs import ipc_sockets
     from streamtrace.engine.launch import start_engine, stop, write_config
     sock_dir = Path(tempfile.mkdtemp(prefix="st-", dir="/tmp"))
-    ep = {k: f"ipc://{sock_dir}/{k}" for k in ("router", "pull", "pub")}
+    ep = ipc_sockets(sock_dir, pull=True, pub=True)
     sections = {k: dict(v) for k, v in sections.items()}
     sections.setdefault("sockets", {}).update(ep)
     cfg_path = write_config(Path(folder) / f"{name}.toml", sections)

@@ -10,6 +10,7 @@ from streamtrace.transport import SensorClient
 from streamtrace.engine import load_config
 from streamtrace.engine.server import Engine
 from streamtrace.engine.spin import IDLE_MS, SHORT_US, BusyPoll
+from configs import ipc_sockets  # noqa: E402
 
 
 def test_window_after_traffic():
@@ -58,7 +59,7 @@ def _serve(tmp_path, window_us, monkeypatch):
     monkeypatch.setattr(zmq.Poller, "poll", poll)
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})   # as on a 2-CPU machine
     cfg = load_config(None, {"model": {"stack": "gru", "n_hidden": 4}, "engine": {"slots": 1, "busy_poll_us": window_us},
-                             "sockets": {"router": f"ipc://{tmp_path}/r", "pull": "", "pub": ""}})
+                             "sockets": ipc_sockets(tmp_path)})
     eng = Engine(cfg)
     th = threading.Thread(target=eng.run, kwargs={"install_signals": False, "max_seconds": 60},
                           daemon=True, name="engine")

@@ -21,6 +21,7 @@ from streamtrace.transport import numbering
 from streamtrace.engine.launch import start_engine, stop, write_config
 
 import cluster_harness as H
+from configs import ipc_sockets  # noqa: E402
 
 K = 25          # steps per phase
 
@@ -56,13 +57,13 @@ def _config(work: Path) -> Path:
         "model": {"stack": "gru", "n_in": 1, "n_hidden": 8, "n_out": 1},
         "learning": {"algorithm": "d-rtrl", "mode": "forecast", "lr": 0.01},
         "engine": {"slots": 4, "micro_batch": 1},
-        "sockets": {"router": f"ipc://{work}/r", "pull": "", "pub": ""},
+        "sockets": ipc_sockets(work),
         "publish": {"weights_every": 0, "stats_every_s": 3600.0},
         "checkpoint": {"dir": str(work / "ckpt"), "every": 1_000_000}})
 
 
 def _router(work: Path) -> str:
-    return f"ipc://{work}/r"
+    return ipc_sockets(work)["router"]
 
 
 class Sensor:

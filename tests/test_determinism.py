@@ -12,6 +12,7 @@ from hypothesis import strategies as hs
 
 from streamtrace import wire
 from streamtrace.engine import EngineCore, load_config
+from configs import ipc_sockets  # noqa: E402
 
 N_IN, T = 2, 10
 SLOTS, MICRO_BATCH = 16, 4
@@ -178,7 +179,7 @@ def test_the_same_file_replayed_twice_through_serve_gives_the_same_predictions(t
                 "learning": {"mode": "forecast", "lr": 5e-3},
                 "engine": {"slots": 16, "compile_cache_dir": ""},
                 "publish": {"weights_every": 0, "predictions": False},
-                "sockets": {"router": f"ipc://{sock}/router", "pull": "", "pub": ""}})
+                "sockets": ipc_sockets(sock)})
             out = tmp_path / f"pred{run}.csv"
             assert main(["replay", str(csv), "--serve", str(cfg), "--out", str(out)]) == 0
             outs.append(out.read_bytes())

@@ -25,6 +25,7 @@ from streamtrace.engine import load_config
 from streamtrace.engine.core import EngineCore
 from streamtrace import checkpoints as checkpoint_module     # the format alone: numpy only
 from streamtrace.learner.checkpoint import CheckpointDir, read_checkpoint
+from configs import ipc_sockets  # noqa: E402
 
 RESUMED = re.compile(r"resumed from (\S+) at step (\d+)")
 
@@ -37,7 +38,7 @@ def _sections(work: Path, ckpt: Path, **changes) -> dict:
     sections = {"model": {"stack": "gru", "n_in": 1, "n_hidden": 16, "n_out": 1},
                 "learning": {"mode": "forecast", "lr": 3e-3},
                 "engine": {"slots": 2, "micro_batch": 1},
-                "sockets": {"router": f"ipc://{work}/r", "pull": "", "pub": ""},
+                "sockets": ipc_sockets(work),
                 "publish": {"weights_every": 0, "stats_every_s": 3600.0},
                 "checkpoint": {"dir": str(ckpt), "every": 200, "keep": 3}}
     for section, values in changes.items():

@@ -11,6 +11,7 @@ import zmq.auth
 
 from streamtrace.transport import PushClient, SensorClient
 from streamtrace.engine import Engine, load_config
+from configs import ipc_sockets  # noqa: E402
 
 
 def _free_port():
@@ -21,7 +22,7 @@ def _free_port():
 
 def _engine(tmp_path, **overrides):
     sections = {"model": {"stack": "gru", "n_hidden": 4}, "engine": {"slots": 2},
-                "sockets": {"router": f"ipc://{tmp_path}/r", "pull": "", "pub": ""},
+                "sockets": ipc_sockets(tmp_path),
                 "publish": {"stats_every_s": 0.2}}
     for k, v in overrides.items():
         sections.setdefault(k, {}).update(v)

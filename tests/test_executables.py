@@ -16,6 +16,7 @@ from streamtrace.engine.compile_cache import disable
 from streamtrace.engine.executables import ExecutableStore, fingerprint
 from streamtrace.engine.server import Engine
 from streamtrace.learner.programs import Programs
+from configs import ipc_sockets  # noqa: E402
 
 SLOTS, K = 8, 2
 
@@ -123,7 +124,7 @@ def test_a_restarted_engine_serves_its_first_call_with_the_stored_program(tmp_pa
     try:
         cfg = load_config(None, {"model": {"stack": "gru", "n_in": 2, "n_hidden": 3, "n_out": 2},
                                  "engine": {"slots": SLOTS, "micro_batch": K, "compile_cache_dir": str(tmp_path)},
-                                 "sockets": {"router": f"ipc://{sock}/r", "pull": "", "pub": ""},
+                                 "sockets": ipc_sockets(sock),
                                  "publish": {"weights_every": 0}})
         Engine(cfg).close()
         engine = Engine(cfg)
