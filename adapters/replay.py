@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from streamtrace import files
-from streamtrace.files import Table, number, timestamp
+from streamtrace.evaluation import files
+from streamtrace.evaluation.files import Table, number, timestamp
 
 from streamtrace.transport.client import EngineError, SensorClient
 
@@ -40,7 +40,7 @@ class ReplayError(ValueError):
 
 # ---- reading ------------------------------------------------------------------------------
 def read_table(path: str | Path) -> Table:
-    """:func:`streamtrace.files.read_table`, its errors as ReplayError."""
+    """:func:`streamtrace.evaluation.files.read_table`, its errors as ReplayError."""
     try:
         return files.read_table(path)
     except files.FileError as e:
@@ -61,7 +61,7 @@ class Rows:
 
 def select_rows(table: Table, columns=None, target_columns=None, time_column: str | None = None) -> Rows:
     """Inputs, targets and timestamps as arrays (columns chosen by
-    :func:`streamtrace.files.choose_columns`, as ``evaluate`` chooses them), and the rows that
+    :func:`streamtrace.evaluation.files.choose_columns`, as ``evaluate`` chooses them), and the rows that
     cannot be sent, with the reason."""
     try:
         chosen = files.choose_columns(table, columns, target_columns, time_column)
@@ -179,7 +179,7 @@ class ReplayResult:
 
 def _score(result: ReplayResult, rows: Rows, window: int):
     """Prequential metrics from the answers: pairs of (prediction, what it predicted)."""
-    from streamtrace.evaluate import mae, nrmse
+    from streamtrace.evaluation.scoring import mae, nrmse
     idx, p = result.rows_answered, result.predictions
     if len(idx) < 3:
         result.note = "fewer than 3 answered rows: nothing to score"
@@ -433,7 +433,7 @@ def run_cli(args) -> int:
         if r.scored_targets is None:
             print(f"replay: no plot, nothing was scored ({r.note})", file=sys.stderr)
         else:
-            from streamtrace.evaluate import Result, plot
+            from streamtrace.evaluation.scoring import Result, plot
             plot(Result(Path(r.file).name, len(r.scored_targets), len(r.scored_targets), r.nrmse, r.mae, math.nan,
                         r.persistence_nrmse, label=f"replay ({r.mode})", predictions=r.scored_predictions,
                         targets=r.scored_targets), args.plot)

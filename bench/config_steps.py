@@ -35,9 +35,9 @@ def main(argv=None):
     from timing import machine_line
 
     from streamtrace.recipe.build import build_learner
-    from streamtrace.evaluate import default_config, task_config
+    from streamtrace.evaluation.scoring import default_config, task_config
     from streamtrace.commands.bench import percentiles, timed
-    from streamtrace.tasks import get_task
+    from streamtrace.evaluation.tasks import get_task
     unknown = [c for c in args.configs if c not in CONFIGS]
     if unknown:
         ap.error(f"unknown config(s) {unknown}; known: {sorted(CONFIGS)}")

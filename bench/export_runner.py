@@ -109,7 +109,7 @@ def main(argv=None) -> int:
     import numpy as np
 
     from streamtrace.export.write import export_learner
-    from streamtrace.tasks import mackey_glass
+    from streamtrace.evaluation.tasks import mackey_glass
     work = Path(tempfile.mkdtemp(prefix="st-export-bench-"))
     series = str(work / "mackey_glass.npy")      # made here: the runner's process imports no task code
     np.save(series, mackey_glass(args.steps + 51))

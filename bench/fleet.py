@@ -39,7 +39,7 @@ from timing import machine_line, percentiles, timed  # noqa: E402
 import streamtrace as st  # noqa: E402
 from streamtrace.learner import chain, normalise, residual  # noqa: E402
 from streamtrace.nn import Stack  # noqa: E402
-from streamtrace.tasks import fleet_params, mackey_glass_fleet  # noqa: E402
+from streamtrace.evaluation.tasks import fleet_params, mackey_glass_fleet  # noqa: E402
 
 STREAMS = 64
 SCORE = 1000          # E_ps: the last 1,000 steps

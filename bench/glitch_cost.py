@@ -39,8 +39,8 @@ def no_rollback():
 def default_sides() -> dict:
     from timing import step_call        # compiles its program now (inside no_rollback for a bare side)
     from streamtrace.recipe.build import build_learner
-    from streamtrace.evaluate import default_config, task_config
-    from streamtrace.tasks import get_task
+    from streamtrace.evaluation.scoring import default_config, task_config
+    from streamtrace.evaluation.tasks import get_task
     task = get_task("mackey-glass", None, 0)
     x, y = task.inputs[300].astype(np.float64), np.zeros(1)
     guarded = build_learner(task_config(task, default_config(task), 0))

@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from quality_peers import (jax_esn_rls, jax_esn_rls_step_us, reservoirpy_esn, river_lagged,  # noqa: E402
                            river_snarimax)
 
-from streamtrace.evaluate import default_config, evaluate, prequential  # noqa: E402
-from streamtrace.tasks import Task, TaskError, get_task  # noqa: E402
+from streamtrace.evaluation.scoring import default_config, evaluate, prequential  # noqa: E402
+from streamtrace.evaluation.tasks import Task, TaskError, get_task  # noqa: E402
 
 # ---- streamtrace configs: TOML-equivalent dicts; model.n_in / n_out / learning.mode come from the
 # task. Add new configs here (any key `serve` accepts); None = evaluate.default_config(task).

@@ -20,7 +20,7 @@ import numpy as np
 import optax
 
 import streamtrace as st
-from streamtrace import tasks
+from streamtrace.evaluation import tasks
 
 STEPS, LAST = 6000, 1000
 

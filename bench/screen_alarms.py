@@ -39,7 +39,7 @@ def main(argv=None) -> int:
     from quality import TASKS
     from timing import machine_line
 
-    from streamtrace.tasks import get_task
+    from streamtrace.evaluation.tasks import get_task
     print(f"# {machine_line()}; screen threshold {args.threshold:g}, seeds 0-2")
     print("| task | steps x channels | steps flagged (seed 0, 1, 2) |")
     print("|---|---:|---:|")

@@ -18,8 +18,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from quality import _with  # noqa: E402
 from quality_peers import river_snarimax  # noqa: E402
 
-from streamtrace.evaluate import default_config, evaluate, prequential  # noqa: E402
-from streamtrace.tasks import Task  # noqa: E402
+from streamtrace.evaluation.scoring import default_config, evaluate, prequential  # noqa: E402
+from streamtrace.evaluation.tasks import Task  # noqa: E402
 
 
 def _generated(kind: str, seed: int) -> tuple[np.ndarray, int]:

@@ -21,9 +21,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from quality import CONFIGS  # noqa: E402
 
 from streamtrace.recipe.build import build_learner  # noqa: E402
-from streamtrace.evaluate import default_config, task_config  # noqa: E402
+from streamtrace.evaluation.scoring import default_config, task_config  # noqa: E402
 from streamtrace.learner.bank import SlotBank  # noqa: E402
-from streamtrace.tasks import get_task  # noqa: E402
+from streamtrace.evaluation.tasks import get_task  # noqa: E402
 
 
 def row(label: str, slots: int) -> str:

@@ -119,8 +119,8 @@ def test_resume_from_state_mid_forgetting_is_exact(x64):
 
 def test_default_learner_carries_the_detector():
     from streamtrace.recipe.build import build_learner
-    from streamtrace.evaluate import default_config, task_config
-    from streamtrace.tasks import get_task
+    from streamtrace.evaluation.scoring import default_config, task_config
+    from streamtrace.evaluation.tasks import get_task
     task = get_task("mackey-glass", 200)
     L = build_learner(task_config(task, default_config(task)))
     names = set(L.state_dict())

@@ -106,7 +106,7 @@ LAYERS = [
     {"commands"},                        # the command line
     {"__main__"},                        # python -m streamtrace
 ]
-EVALUATION = {"tasks", "files", "evaluate"}     # root modules that form the evaluation layer
+EVALUATION = {"tasks", "files", "evaluate"}     # the root's deprecated names of evaluation's modules
 
 
 def package_of(module: str) -> str:

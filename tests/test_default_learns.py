@@ -3,8 +3,8 @@ learned (``multichannel``: 4 signal channels among 32), the default (the reservo
 GRU learning through D-RTRL traces) forecasts better, prequentially, than the same reservoir
 alone and than the same GRU left at its random weights. Seeded: a regression guard on the
 learning, not a timing."""
-from streamtrace.evaluate import default_config, evaluate
-from streamtrace.tasks import get_task
+from streamtrace.evaluation.scoring import default_config, evaluate
+from streamtrace.evaluation.tasks import get_task
 
 
 def _with(cfg, **sections):

@@ -13,8 +13,8 @@ import pytest
 from streamtrace.commands.cli import main
 from streamtrace.engine.launch import write_config
 from streamtrace.engine import load_config
-from streamtrace.evaluate import default_config
-from streamtrace.tasks import get_task
+from streamtrace.evaluation.scoring import default_config
+from streamtrace.evaluation.tasks import get_task
 
 
 def test_a_config_that_names_no_model_is_the_default_learner():

@@ -8,9 +8,9 @@ import sys
 import numpy as np
 import pytest
 
-from streamtrace import evaluate as ev
+from streamtrace.evaluation import scoring as ev
 from streamtrace.engine.config import ConfigError
-from streamtrace.tasks import Task
+from streamtrace.evaluation.tasks import Task
 
 SMALL = {"model": {"stack": "rnn", "n_hidden": 8}, "learning": {"algorithm": "d-rtrl", "lr": 1e-2}}
 

@@ -24,7 +24,7 @@ from streamtrace.export.runner import Runner, RunnerError
 from streamtrace.export.state_map import StateMap
 from streamtrace.export.tanh64 import rewrite_tanh64
 from streamtrace.export.write import export_learner
-from streamtrace.tasks import mackey_glass
+from streamtrace.evaluation.tasks import mackey_glass
 
 ROOT = Path(__file__).resolve().parent.parent
 GRU = '[model]\nstack = "gru"\nn_hidden = 16\n'

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 from engine_helpers import fake_sensor_client
 
-from streamtrace import evaluate as ev
+from streamtrace.evaluation import scoring as ev
 from streamtrace.adapters.replay import ReplayError, read_table, select_rows
 from streamtrace.commands.cli import main
 from streamtrace.engine.config import ConfigError
-from streamtrace.files import FileError, choose_columns, is_time_like
-from streamtrace.tasks import TaskError, file_task, get_task
+from streamtrace.evaluation.files import FileError, choose_columns, is_time_like
+from streamtrace.evaluation.tasks import TaskError, file_task, get_task
 
 SMALL = {"model": {"stack": "rnn", "n_hidden": 8}, "learning": {"algorithm": "d-rtrl", "lr": 1e-2}}
 

@@ -5,8 +5,8 @@ import pytest
 
 from streamtrace.recipe.build import build_learner
 from streamtrace.engine.config import ConfigError, load_config
-from streamtrace.evaluate import default_config
-from streamtrace.tasks import get_task
+from streamtrace.evaluation.scoring import default_config
+from streamtrace.evaluation.tasks import get_task
 
 
 def test_only_the_learned_cell_moves_and_its_features_reach_the_readout():

@@ -3,8 +3,8 @@ scored prequentially on Mackey-Glass: pins its quality so a change that degrades
 import numpy as np
 import pytest
 
-from streamtrace.evaluate import evaluate
-from streamtrace.tasks import get_task
+from streamtrace.evaluation.scoring import evaluate
+from streamtrace.evaluation.tasks import get_task
 
 
 @pytest.mark.slow

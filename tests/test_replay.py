@@ -21,7 +21,7 @@ from streamtrace.transport import SensorClient
 from streamtrace.adapters.replay import ReplayError, read_table, replay, select_rows
 from streamtrace.commands.cli import main
 from streamtrace.engine.launch import start_engine, stop, write_config
-from streamtrace.tasks import TaskError, load_file
+from streamtrace.evaluation.tasks import TaskError, load_file
 
 ROWS, BAD_ROW = 200, 57            # BAD_ROW: data row with a text cell in column a
 GRU = {

@@ -11,7 +11,7 @@ from models import CellNet, bptt_grads, make, mse, online_grads, rel_err
 from streamtrace import nn
 from streamtrace.engine import load_config
 from streamtrace.engine.config import ConfigError
-from streamtrace.evaluate import evaluate
+from streamtrace.evaluation.scoring import evaluate
 
 T = 40
 

@@ -5,8 +5,8 @@ import sys
 import numpy as np
 import pytest
 
-from streamtrace import tasks
-from streamtrace.tasks import TaskError
+from streamtrace.evaluation import tasks
+from streamtrace.evaluation.tasks import TaskError
 
 
 def test_mackey_glass_matches_a_fine_euler_integration():

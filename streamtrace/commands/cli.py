@@ -36,7 +36,7 @@ __all__ = ["main", "build_parser"]
 # ``streamtrace --help`` and a bridge do not load jax).
 COMMANDS = {"serve": "streamtrace.commands.serve", "dashboard": "streamtrace.dashboard.command",
             "demo": "streamtrace.commands.demo", "learn": "streamtrace.commands.learn_demo",
-            "bench": "streamtrace.commands.bench", "evaluate": "streamtrace.evaluate",
+            "bench": "streamtrace.commands.bench", "evaluate": "streamtrace.evaluation.scoring",
             "replay": "streamtrace.adapters.replay"}
 ALGORITHMS = ["d-rtrl", "es-d-rtrl", "rtrl"]
 DESCRIPTION = "streamtrace: online learning on streaming signals, one time step at a time."
