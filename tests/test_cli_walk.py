@@ -181,3 +181,18 @@ def test_the_installed_command_too():
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and out.stdout == "" and out.stderr.count("\n") == 1
     assert out.stderr.startswith("streamtrace demo: error: argument --model: invalid choice: 'transformer'")
+
+
+def test_a_command_builds_only_its_own_parser():
+    """``streamtrace evaluate`` builds evaluate's parser only: none of the other commands' modules
+    is imported for it, while the top-level --help still lists every command."""
+    import subprocess
+    import sys
+    code = ("import sys\nfrom streamtrace.commands.cli import build_parser\n"
+            "build_parser('evaluate').parse_args(['evaluate', 'narma10'])\n"
+            "print(sorted(m for m in sys.modules if m.startswith('streamtrace')))")
+    loaded = eval(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    assert loaded == ["streamtrace", "streamtrace.arguments", "streamtrace.commands", "streamtrace.commands.cli"]
+    from streamtrace.commands.cli import PARSERS, build_parser
+    listed = build_parser().format_help()
+    assert all(name in listed for name in PARSERS)

@@ -26,8 +26,6 @@ import sys
 from .. import __version__
 from ..arguments import (STACK_CHOICES, Parser, existing_file, frequency, index_list, nonnegative_float,
                         nonnegative_int, output_file, port, positive_float, positive_int)
-from ..dashboard.command import add_parser as add_dashboard_parser, listen_address
-from ..export.cli import add_parser as add_export_parser
 
 __all__ = ["main", "build_parser"]
 
@@ -70,8 +68,9 @@ def _bridge_parsers(sub):
         b.set_defaults(func=_run)
 
 
-def _serve_parsers(sub):
-    """``serve`` (optionally with a live dashboard beside it) and ``dashboard``."""
+def _serve_parser(sub):
+    """``serve``, optionally with a live dashboard beside it."""
+    from ..dashboard.command import listen_address
     p = sub.add_parser("serve", help="run the streaming engine", description="run the streaming engine")
     p.add_argument("--config", type=existing_file, default=None, help="TOML config file (default: none, the "
                    "documented defaults; any key missing takes its default)")
@@ -82,34 +81,39 @@ def _serve_parsers(sub):
     p.add_argument("--dashboard-allow-anonymous", action="store_true",
                    help="beyond loopback without a token: anyone who reaches it reads every stream")
     p.set_defaults(func=_run)
-    add_dashboard_parser(sub, _run)
 
 
-def _demo_learn_parsers(sub):
-    """``demo`` (an engine and sensor streams) and ``learn`` (the engine-free learner)."""
-    for name, steps in (("demo", 3000), ("learn", 4000)):
-        text = {"demo": "an engine and synthetic sensor streams, live progress, a summary and a plot",
-                "learn": "the engine-free online learning demo"}[name]
-        p = sub.add_parser(name, help=text, description=text)
-        demo = name == "demo"      # the demo serves the default learner unless a stack is named
-        p.add_argument("--model", default=None if demo else "gru", choices=STACK_CHOICES,
-                       help="built-in stack" + (" (default: the default learner, see README)" if demo else ""))
-        p.add_argument("--hidden", type=positive_int, default=None if demo else 32, help="hidden units" +
-                       (" (default: 32 with --model, else the default learner's)" if demo else ""))
-        p.add_argument("--algorithm", default=None if demo else "d-rtrl", choices=ALGORITHMS,
-                       help="learning algorithm" + (" (default: d-rtrl with --model)" if demo else ""))
-        p.add_argument("--lr", type=positive_float, default=None if demo else 1e-3,
-                       help="learning rate" + (" (default: the learner's)" if demo else ""))
-        p.add_argument("--steps", type=positive_int, default=steps, help="time steps" + (" per stream" if demo else ""))
-        if demo:
-            p.add_argument("--streams", type=positive_int, default=4, help="synthetic sensor streams")
-            p.add_argument("--plot", type=output_file, default="streamtrace-demo.png", help="PNG path ('' for none)")
-            p.add_argument("--dashboard", type=listen_address, default=("127.0.0.1", 8750), metavar="HOST:PORT",
-                           help="serve the live dashboard here while the demo runs (loopback; default "
-                           "127.0.0.1:8750)")
-            p.add_argument("--no-dashboard", dest="dashboard", action="store_const", const=None,
-                           help="no dashboard")
-        p.set_defaults(func=_run)
+def _dashboard_parser(sub):
+    from ..dashboard.command import add_parser
+    add_parser(sub, _run)
+
+
+def _demo_learn_parser(sub, name: str):
+    """``demo`` (an engine and sensor streams) or ``learn`` (the engine-free learner)."""
+    from ..dashboard.command import listen_address
+    steps = {"demo": 3000, "learn": 4000}[name]
+    text = {"demo": "an engine and synthetic sensor streams, live progress, a summary and a plot",
+            "learn": "the engine-free online learning demo"}[name]
+    p = sub.add_parser(name, help=text, description=text)
+    demo = name == "demo"      # the demo serves the default learner unless a stack is named
+    p.add_argument("--model", default=None if demo else "gru", choices=STACK_CHOICES,
+                   help="built-in stack" + (" (default: the default learner, see README)" if demo else ""))
+    p.add_argument("--hidden", type=positive_int, default=None if demo else 32, help="hidden units" +
+                   (" (default: 32 with --model, else the default learner's)" if demo else ""))
+    p.add_argument("--algorithm", default=None if demo else "d-rtrl", choices=ALGORITHMS,
+                   help="learning algorithm" + (" (default: d-rtrl with --model)" if demo else ""))
+    p.add_argument("--lr", type=positive_float, default=None if demo else 1e-3,
+                   help="learning rate" + (" (default: the learner's)" if demo else ""))
+    p.add_argument("--steps", type=positive_int, default=steps, help="time steps" + (" per stream" if demo else ""))
+    if demo:
+        p.add_argument("--streams", type=positive_int, default=4, help="synthetic sensor streams")
+        p.add_argument("--plot", type=output_file, default="streamtrace-demo.png", help="PNG path ('' for none)")
+        p.add_argument("--dashboard", type=listen_address, default=("127.0.0.1", 8750), metavar="HOST:PORT",
+                       help="serve the live dashboard here while the demo runs (loopback; default "
+                       "127.0.0.1:8750)")
+        p.add_argument("--no-dashboard", dest="dashboard", action="store_const", const=None,
+                       help="no dashboard")
+    p.set_defaults(func=_run)
 
 
 def _bench_parser(sub):
@@ -198,25 +202,51 @@ def _replay_parser(sub):
     p.set_defaults(func=_run)
 
 
-def build_parser() -> Parser:
-    """The ``streamtrace`` parser with every command (a :class:`~streamtrace.arguments.Parser`:
-    one-line errors, exit status 2).
+def _export_parser(sub):
+    from ..export.cli import add_parser
+    add_parser(sub)
 
-    Example: ``build_parser().parse_args(["learn", "--steps", "10"]).steps`` is 10."""
+
+def _cluster_parsers(sub):
+    from ..cluster.cli import add_parsers      # worker, cluster up | status (streamtrace[cluster])
+    add_parsers(sub)
+
+
+# each command's parser, built only when it runs (or for the top-level --help); in the order
+# --help lists them
+PARSERS = {"serve": _serve_parser, "dashboard": _dashboard_parser,
+           "demo": lambda sub: _demo_learn_parser(sub, "demo"), "learn": lambda sub: _demo_learn_parser(sub, "learn"),
+           "bench": _bench_parser, "evaluate": _evaluate_parser, "replay": _replay_parser, "export": _export_parser,
+           "bridge": _bridge_parsers, "worker": _cluster_parsers, "cluster": _cluster_parsers}
+
+
+def build_parser(command: str | None = None) -> Parser:
+    """The ``streamtrace`` parser (a :class:`~streamtrace.arguments.Parser`: one-line errors, exit
+    status 2) with ``command``'s parser only, or every command's (None, or a name it does not
+    know: then argparse names the choices).
+
+    Parameters
+    ----------
+    command : str, optional
+        The command about to run: only its parser (and the modules it needs) is built.
+
+    >>> build_parser("learn").parse_args(["learn", "--steps", "10"]).steps
+    10
+    """
     parser = Parser(prog="streamtrace", description=DESCRIPTION,
                     epilog="streamtrace COMMAND --help shows a command's options and their defaults.")
     parser.add_argument("--version", action="version", version=f"streamtrace {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    _serve_parsers(sub)
-    _demo_learn_parsers(sub)
-    _bench_parser(sub)
-    _evaluate_parser(sub)
-    _replay_parser(sub)
-    add_export_parser(sub)
-    _bridge_parsers(sub)
-    from ..cluster.cli import add_parsers as cluster_parsers   # worker, cluster up | status (streamtrace[cluster])
-    cluster_parsers(sub)
+    adders = [PARSERS[command]] if command in PARSERS else list(dict.fromkeys(PARSERS.values()))
+    for add in adders:
+        add(sub)
     return parser
+
+
+def _command_of(argv) -> str | None:
+    """The command ``argv`` names: its first word, unless that is an option (``--help``)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    return argv[0] if argv and not argv[0].startswith("-") else None
 
 
 def main(argv=None) -> int:
@@ -225,7 +255,7 @@ def main(argv=None) -> int:
 
     Example: ``main(["evaluate", "narma10", "--steps", "300"])`` prints a table and returns 0."""
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser(_command_of(argv)).parse_args(argv)
     except SystemExit as e:          # argparse's exit: --help, --version, or a bad argument
         return e.code if isinstance(e.code, int) else 2
     try:
