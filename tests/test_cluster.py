@@ -90,7 +90,7 @@ def test_a_worker_leaving_after_a_broker_restart_releases_every_lease_it_holds(s
     from streamtrace.cluster.lease import LeaseTable, lease_key
     from streamtrace.cluster.owner import PartitionOwner
     from streamtrace.cluster.worker import COUNTERS, Worker
-    from streamtrace.engine.metrics import Metrics
+    from streamtrace.engine.counters import EngineCounters
 
     class Stepper:             # the partition's state as bytes: all a hand-over's checkpoint needs
         def snapshot(self, names, seq, extra):
@@ -108,7 +108,7 @@ def test_a_worker_leaving_after_a_broker_restart_releases_every_lease_it_holds(s
         await L.ensure_log(js, 4)
         kv = await js.key_value(L.LEASES)
         w = Worker(server.url, None, wid="w", lease_ttl_s=1.5, partitions=4)
-        w.nc, w.js, w.P, w.stepper, w.metrics = nc, js, 4, Stepper(), Metrics()
+        w.nc, w.js, w.P, w.stepper, w.metrics = nc, js, 4, Stepper(), EngineCounters()
         for name in COUNTERS:
             w.metrics.counters.setdefault(name, 0)
         w.leases = LeaseTable(kv, "w", 1.5)

@@ -20,7 +20,7 @@ from streamtrace import wire  # noqa: E402
 from streamtrace.commands.cli import main  # noqa: E402
 from streamtrace.dashboard.access import DashboardError, check_exposure, connect_address  # noqa: E402
 from streamtrace.dashboard.feed import Feed, decimate  # noqa: E402
-from streamtrace.dashboard.server import _clean, make_app  # noqa: E402
+from streamtrace.dashboard.web import _clean, make_app  # noqa: E402
 
 ENC = wire.PredictionEncoder()
 

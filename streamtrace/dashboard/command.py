@@ -70,7 +70,7 @@ def start_dashboard(cfg, listen: tuple[str, int], token: str | None, allow_anony
 
 def run_cli(args) -> int:
     try:
-        from .server import run
+        from .web import run
     except ImportError as e:
         print(f"the dashboard needs the optional extra: pip install 'streamtrace[dashboard]' ({e})", file=sys.stderr)
         return 2

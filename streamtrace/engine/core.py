@@ -23,7 +23,7 @@ from ..learner.labels import LabelError
 from ..recipe.build import build_learner
 from .ticks import Ticks
 from .config import EngineConfig
-from .metrics import Metrics
+from .counters import EngineCounters
 from .parking import ParkingLot
 
 __all__ = ["EngineCore", "Stream", "subset_sizes"]
@@ -72,7 +72,7 @@ class EngineCore(Ticks):
         # slots no stream has used: their state is still the initial one (but for the learner's
         # count of calls, a statistic), so taking one needs no reset
         self.unused = set(self.free)
-        self.metrics = Metrics()
+        self.metrics = EngineCounters()
         self.parking = ParkingLot(ec.park_s, ec.max_parked)
         self._internal_logged: set = set()
         self.version = 0                 # weights version (bumped at every publish)

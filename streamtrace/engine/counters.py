@@ -1,4 +1,4 @@
-"""Engine metrics: counters, the latest latencies for percentiles, per-stream loss, and an
+"""The engine's counters, the latest latencies for percentiles, per-stream loss, and an
 optional Prometheus exporter (prometheus-client, served on loopback)."""
 from __future__ import annotations
 
@@ -8,14 +8,22 @@ from collections import deque
 
 import numpy as np
 
-__all__ = ["Metrics"]
+__all__ = ["EngineCounters"]
 
 _EVENT_COUNTERS = {"outlier": "outliers", "rolled_back": "rolled_back"}    # a reply's flag -> its counter
 
 MAX_TOPICS = 1024     # per-topic drop counts kept by name (streams come and go)
 
 
-class Metrics:
+class EngineCounters:
+    """What the engine counts: messages, steps, errors by code, replies and publications dropped,
+    the latest latencies (for percentiles), per-stream loss, metrics and events; the `stats`
+    message and the Prometheus exporter read it. (Not `st.Metrics`, the learner's rolling scores.)
+
+    >>> c = EngineCounters(); c.count("steps", 3); c.counters["steps"]
+    3
+    """
+
     def __init__(self, latency_samples: int = 20000):
         self.counters = {"received": 0, "accepted": 0, "answered": 0, "errors": 0, "dropped": 0,
                          "steps": 0, "updates": 0, "skipped": 0, "lost_on_resync": 0,
