@@ -3,7 +3,7 @@
 The yardstick for the compiled step (bench/test_step_latency.py times both in one run; the
 results table's "x limit" column is step / limit). The math is exactly what
 ``OnlineLearner(Stack("gru", n_in, H, n_out), algorithm=..., optimizer=optax.adam(lr))``
-computes in supervised mode, and tests/test_limit_programs.py checks that the weights agree:
+computes in supervised mode, and tests/etrace/test_limit_programs.py checks that the weights agree:
 
     xh = [x, h]     z = sigmoid(xh Wz + bz)     r = sigmoid(xh Wr + br)
     xn = [x, r h]   n = tanh(xn Wn + bn)        h' = (1 - z) h + z n     out = h' Wo + bo

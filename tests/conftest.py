@@ -1,4 +1,11 @@
+import sys
+from pathlib import Path
+
 import brainstate
+
+# the tests live in folders by package; their shared helpers (engine_helpers, configs, paths, ...)
+# here, importable from every folder
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pytest
 
 

@@ -1,4 +1,4 @@
-"""Helpers for the end-to-end engine tests (tests/test_engine_e2e.py).
+"""Helpers for the end-to-end engine tests (tests/engine/test_engine_e2e.py).
 
 * ``running_engine``: write a TOML config, start ``python -m streamtrace serve`` in a child
   process with ``streamtrace.engine.launch.start_engine`` and stop it (SIGTERM) on the way out;

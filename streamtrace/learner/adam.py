@@ -12,7 +12,7 @@ and forms the weight's update from the moments it stores, so every pass reads wh
 before it wrote and all of them can run in place. Where a value's update is finite the result
 is optax's up to rounding: the bias corrections and the learning rate are folded into two
 scalars, so each value takes one division where optax takes two (the weight's pass is bound by
-the divisions; GRU-256: ~8% of a step). tests/test_adam.py holds it to ``optax.adam``.
+the divisions; GRU-256: ~8% of a step). tests/learner/test_adam.py holds it to ``optax.adam``.
 """
 from __future__ import annotations
 

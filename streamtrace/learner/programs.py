@@ -216,7 +216,7 @@ class Programs:
         the same output vector but for its applied flags (0). XLA keeps only what the
         prediction and the loss need (no gradient, no optimizer), so the answer can leave
         before the update runs (the engine's reply_first) and is the twin's, bit for bit
-        (tests/test_reply_first.py). No buffers donated: the twin runs next on the same ones."""
+        (tests/engine/test_reply_first.py). No buffers donated: the twin runs next on the same ones."""
         def build():
             twin = self._twin(key)
             if key is None:
@@ -500,7 +500,7 @@ class Programs:
         xs (K, m, ...): the first ``count`` (<= K) steps run. The m slots' state is read from
         the buffers (one gather per packed buffer, see subset.py), stepped and written back;
         the other slots are not read or written, so a call costs m slots, not N. Equal to the
-        full step with only those slots active (tests/test_slot_subset.py)."""
+        full step with only those slots active (tests/learner/test_slot_subset.py)."""
         layout, n = self.layout, self.n
         rows = SlotRows(layout, self._slot_names(), n)
 

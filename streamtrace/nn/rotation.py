@@ -14,7 +14,7 @@ linear bank (0.194 against 0.191).
 
 Why it learns memory where a GRU does not: the four couplings of a unit act through marked
 element-wise ops, so the eligibility-trace compiler sees one group of two states per unit with
-a per-unit 2 x 2 Jacobian, and D-RTRL is exact RTRL here (tests/test_rotation.py checks it
+a per-unit 2 x 2 Jacobian, and D-RTRL is exact RTRL here (tests/learner/test_rotation.py checks it
 against BPTT). A dense recurrence (GRU, reservoir) is cut by D-RTRL and gets no credit through
 time. Output: the new states, all a's then all b's (``n_hidden`` features).
 """

@@ -5,8 +5,9 @@ import re
 from pathlib import Path
 
 import numpy as np
+from paths import ROOT  # noqa: E402
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = ROOT / "README.md"
 
 
 def example_blocks() -> list[str]:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import ast
 import re
 from pathlib import Path
+from paths import ROOT  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
 # the installed package's folders: adapters/ is installed as streamtrace.adapters (pyproject.toml)
 PACKAGES = {"streamtrace": ROOT / "streamtrace", "streamtrace.adapters": ROOT / "adapters"}
 MAX_FUNCTION_LINES = 80
@@ -146,7 +146,7 @@ def test_the_layer_check_sees_an_upward_import():
 
 def test_every_import_points_down_the_layers():
     bad = upward_imports(import_graph())
-    assert not bad, "imports that do not point down the layer table (tests/test_code_shape.py LAYERS):\n" + \
+    assert not bad, "imports that do not point down the layer table (tests/project/test_code_shape.py LAYERS):\n" + \
         "\n".join(bad)
 
 
@@ -185,7 +185,7 @@ def test_no_reference_to_documents_the_project_does_not_have():
     """Every ``*.md`` named in the package, docs/, README and tests exists in the repo."""
     named = re.compile(r"(?<![\w/.-])((?:[\w.-]+/)*[\w.-]+\.md)\b")
     files = [*ROOT.glob("streamtrace/**/*.py"), *ROOT.glob("adapters/*.py"), *ROOT.glob("docs/**/*.md"),
-             *ROOT.glob("tests/*.py"), ROOT / "README.md"]
+             *ROOT.glob("tests/**/*.py"), ROOT / "README.md"]
     have = {p.relative_to(ROOT).as_posix() for p in ROOT.glob("**/*.md") if ".venv" not in p.parts}
     have |= {"bench/NOTES.md"}      # the retired lab notebook: named with where its text is (git history)
     names = {h.rsplit("/", 1)[-1] for h in have}

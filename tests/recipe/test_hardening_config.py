@@ -25,8 +25,9 @@ from streamtrace.engine import ConfigError, load_config
 from streamtrace.recipe.build import build_learner
 from streamtrace.engine.server import open_engine
 from streamtrace.learner import CheckpointDir
+from paths import TESTS  # noqa: E402
 
-TESTS_DIR = Path(__file__).resolve().parent
+TESTS_DIR = TESTS
 REPO = TESTS_DIR.parent
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-os.environ.setdefault("LSLAPICFG", str(Path(__file__).with_name("lsl_api.cfg")))
+os.environ.setdefault("LSLAPICFG", str((TESTS / "lsl_api.cfg")))
 pytest.importorskip("nats", reason="pip install 'streamtrace[cluster]' (make test installs it)")
 
 import cluster_harness as H                                             # noqa: E402
@@ -19,6 +19,7 @@ from streamtrace.adapters.bridge import NatsTarget                      # noqa: 
 from streamtrace.commands.cli import main                                        # noqa: E402
 from streamtrace.cluster import Credentials, NatsServer                 # noqa: E402
 from streamtrace.cluster.server import find_server_binary               # noqa: E402
+from paths import TESTS  # noqa: E402
 
 TOKEN = "br1dge"
 STEPS = 30

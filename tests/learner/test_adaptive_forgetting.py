@@ -13,8 +13,9 @@ from streamtrace import nn
 from streamtrace.engine import ConfigError, load_config
 from streamtrace.learner import adaptive_forgetting
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(TESTS))
 from test_rls_readout import features  # noqa: E402  (numpy oracle of the reservoir's features)
+from paths import TESTS  # noqa: E402
 
 N_UNITS, SWITCH = 10, 200
 SMALL = dict(threshold=3.0, hold=60, fast=5, slow=40)       # windows short enough for a short test

@@ -11,6 +11,7 @@ import pytest
 from streamtrace.evaluation import scoring as ev
 from streamtrace.engine.config import ConfigError
 from streamtrace.evaluation.tasks import Task
+from paths import ROOT  # noqa: E402
 
 SMALL = {"model": {"stack": "rnn", "n_hidden": 8}, "learning": {"algorithm": "d-rtrl", "lr": 1e-2}}
 
@@ -136,7 +137,7 @@ def test_benchmark_peers_predict_before_learning(peer):
     """The quality benchmark's wrappers score the prediction made before the learner sees the
     target (reservoirpy's RLS.partial_fit returns the one after)."""
     from pathlib import Path
-    sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
+    sys.path.insert(0, str(ROOT / "bench"))
     import quality_peers as qp
     if peer == "reservoirpy":
         pytest.importorskip("reservoirpy")

@@ -10,8 +10,9 @@ import pytest
 
 import streamtrace as st
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+sys.path.insert(0, str(ROOT / "bench"))
 import limits  # noqa: E402
+from paths import ROOT  # noqa: E402
 
 N_IN, H, N_OUT, LR, STEPS = 3, 5, 2, 1e-2, 4
 

@@ -31,9 +31,10 @@ from streamtrace.recipe.build import build_learner
 from streamtrace.learner import read_checkpoint
 
 from engine_helpers import (N_IN, N_OUT, loss_value, running_engine, stop_gracefully, stream_name,
+from paths import TESTS  # noqa: E402
                             supervised_data)
 
-HELPERS = Path(__file__).with_name("engine_helpers.py")
+HELPERS = (TESTS / "engine_helpers.py")
 
 
 def collect(sub: Subscriber, topic: bytes, n: int, timeout_s: float = 20.0, idle_s: float = 5.0) -> list[dict]:

@@ -22,6 +22,7 @@ from streamtrace.engine.launch import start_engine, stop, write_config
 
 import cluster_harness as H
 from configs import ipc_sockets  # noqa: E402
+from paths import ROOT  # noqa: E402
 
 K = 25          # steps per phase
 
@@ -206,7 +207,7 @@ def test_steps_pipelined_behind_a_refused_sample_are_resent_in_order(work, clock
 
 def test_the_clients_doc_example_runs_as_written(work, capsys):
     """docs/clients.md's example, against an engine of one input (only the endpoint changed)."""
-    text = (Path(__file__).resolve().parent.parent / "docs" / "clients.md").read_text()
+    text = (ROOT / "docs" / "clients.md").read_text()
     code = text.split("```python\n", 1)[1].split("```", 1)[0]
     assert '"tcp://127.0.0.1:5555"' in code
     proc = start_engine(_config(work))

@@ -22,7 +22,7 @@ from models import alif_net, diag_rnn_net, gru_net, lif_net, lstm_net
 
 B, I, N, O = 2, 3, 4, 2
 X = jnp.ones((B, I))
-TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+TESTS_DIR = str(TESTS)
 
 
 # ------------------------------------------------------------------------------------------
@@ -431,6 +431,7 @@ NAMES_SRC = """
 import jax.numpy as jnp
 import streamtrace as st
 from models import alif_net, gru_net, lstm_net
+from paths import TESTS  # noqa: E402
 
 def all_names():
     x = jnp.ones((2, 3))

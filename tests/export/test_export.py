@@ -25,8 +25,8 @@ from streamtrace.export.state_map import StateMap
 from streamtrace.export.tanh64 import rewrite_tanh64
 from streamtrace.export.write import export_learner
 from streamtrace.evaluation.tasks import mackey_glass
+from paths import ROOT  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
 GRU = '[model]\nstack = "gru"\nn_hidden = 16\n'
 CONFIGS = {"gru": GRU, "lif": '[model]\nstack = "lif"\nn_hidden = 16\n',
            "lstm64": '[model]\nstack = "lstm"\nn_hidden = 16\nprecision = 64\n'}

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 # before liblsl reads its configuration (first use); the CLI bridge subprocess inherits it
-os.environ.setdefault("LSLAPICFG", str(Path(__file__).with_name("lsl_api.cfg")))
+os.environ.setdefault("LSLAPICFG", str((TESTS / "lsl_api.cfg")))
 pylsl = pytest.importorskip("pylsl")
 
 from engine_helpers import fake_engine, running_engine  # noqa: E402
@@ -32,6 +32,7 @@ from streamtrace.transport import SensorClient  # noqa: E402
 from streamtrace.adapters.lsl import (ENGINE_SILENT_S, LslBridge, LslBridgeError, LslSettings,  # noqa: E402
                                       settings_from)
 from streamtrace.engine.config import ConfigError  # noqa: E402
+from paths import TESTS  # noqa: E402
 
 GRU = {
     "model": {"stack": "gru", "n_in": 2, "n_hidden": 16, "n_out": 2},
