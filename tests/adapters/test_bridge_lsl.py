@@ -8,6 +8,7 @@ bridge's stats file written by the CLI process.
 """
 from __future__ import annotations
 
+from paths import TESTS
 import json
 import re
 import os
@@ -32,7 +33,6 @@ from streamtrace.transport import SensorClient  # noqa: E402
 from streamtrace.adapters.lsl import (ENGINE_SILENT_S, LslBridge, LslBridgeError, LslSettings,  # noqa: E402
                                       settings_from)
 from streamtrace.engine.config import ConfigError  # noqa: E402
-from paths import TESTS  # noqa: E402
 
 GRU = {
     "model": {"stack": "gru", "n_in": 2, "n_hidden": 16, "n_out": 2},

@@ -4,6 +4,7 @@ outlets. Oracle: one engine fed the same values one message per call (tests/clus
 every sample answered once, in order, each prediction bit-identical to the engine's."""
 from __future__ import annotations
 
+from paths import TESTS
 import os
 import time
 from pathlib import Path
@@ -19,7 +20,6 @@ from streamtrace.adapters.bridge import NatsTarget                      # noqa: 
 from streamtrace.commands.cli import main                                        # noqa: E402
 from streamtrace.cluster import Credentials, NatsServer                 # noqa: E402
 from streamtrace.cluster.server import find_server_binary               # noqa: E402
-from paths import TESTS  # noqa: E402
 
 TOKEN = "br1dge"
 STEPS = 30

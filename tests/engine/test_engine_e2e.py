@@ -14,6 +14,7 @@ sockets on loopback (ipc://), the sensor clients and subscribers of ``streamtrac
 Engines start in a few seconds (XLA compiles every micro-batch size up front); each test
 module fixture / test reuses one engine.
 """
+from paths import TESTS
 import json
 import subprocess
 import sys
@@ -31,7 +32,6 @@ from streamtrace.recipe.build import build_learner
 from streamtrace.learner import read_checkpoint
 
 from engine_helpers import (N_IN, N_OUT, loss_value, running_engine, stop_gracefully, stream_name,
-from paths import TESTS  # noqa: E402
                             supervised_data)
 
 HELPERS = (TESTS / "engine_helpers.py")

@@ -3,6 +3,7 @@
 Every rejected pattern must raise ``streamtrace.CompileError`` naming the weight / state at
 fault and what to change; every accepted model must say, per parameter, how it learns.
 """
+from paths import TESTS
 import json
 import os
 import re
@@ -431,7 +432,6 @@ NAMES_SRC = """
 import jax.numpy as jnp
 import streamtrace as st
 from models import alif_net, gru_net, lstm_net
-from paths import TESTS  # noqa: E402
 
 def all_names():
     x = jnp.ones((2, 3))

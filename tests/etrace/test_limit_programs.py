@@ -1,5 +1,6 @@
 """The limit programs of bench/limits.py compute what the learner computes: the yardstick the
 benchmark divides by must be the same math. float64, a small GRU, a few steps."""
+from paths import ROOT
 import sys
 from pathlib import Path
 
@@ -12,7 +13,6 @@ import streamtrace as st
 
 sys.path.insert(0, str(ROOT / "bench"))
 import limits  # noqa: E402
-from paths import ROOT  # noqa: E402
 
 N_IN, H, N_OUT, LR, STEPS = 3, 5, 2, 1e-2, 4
 

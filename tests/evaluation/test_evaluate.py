@@ -1,5 +1,6 @@
 """The prequential loop: scores computed by hand, persistence, and no look at a target before its
 prediction is recorded (a peeking learner is caught)."""
+from paths import ROOT
 import json
 import math
 import subprocess
@@ -11,7 +12,6 @@ import pytest
 from streamtrace.evaluation import scoring as ev
 from streamtrace.engine.config import ConfigError
 from streamtrace.evaluation.tasks import Task
-from paths import ROOT  # noqa: E402
 
 SMALL = {"model": {"stack": "rnn", "n_hidden": 8}, "learning": {"algorithm": "d-rtrl", "lr": 1e-2}}
 

@@ -5,6 +5,7 @@ without jax, refusals in one line, and the aarch64 module under qemu-user agains
 one. Tolerances: measured on this machine, stated in docs/devices.md."""
 from __future__ import annotations
 
+from paths import ROOT
 import json
 import math
 import os
@@ -25,7 +26,6 @@ from streamtrace.export.state_map import StateMap
 from streamtrace.export.tanh64 import rewrite_tanh64
 from streamtrace.export.write import export_learner
 from streamtrace.evaluation.tasks import mackey_glass
-from paths import ROOT  # noqa: E402
 
 GRU = '[model]\nstack = "gru"\nn_hidden = 16\n'
 CONFIGS = {"gru": GRU, "lif": '[model]\nstack = "lif"\nn_hidden = 16\n',

@@ -2,6 +2,7 @@
 step-by-step numpy RLS with the same detector and variable forgetting, a stationary stream never
 fires it (the plain readout's predictions), a switch is tracked faster than by the plain
 readout, its state resumes exactly, and bad settings are refused by name."""
+from paths import TESTS
 import sys
 from pathlib import Path
 
@@ -15,7 +16,6 @@ from streamtrace.learner import adaptive_forgetting
 
 sys.path.insert(0, str(TESTS))
 from test_rls_readout import features  # noqa: E402  (numpy oracle of the reservoir's features)
-from paths import TESTS  # noqa: E402
 
 N_UNITS, SWITCH = 10, 200
 SMALL = dict(threshold=3.0, hold=60, fast=5, slow=40)       # windows short enough for a short test

@@ -4,10 +4,10 @@ upward import hidden in a function is still a tangle), and no function in the pa
 than 80 lines."""
 from __future__ import annotations
 
+from paths import ROOT
 import ast
 import re
 from pathlib import Path
-from paths import ROOT  # noqa: E402
 
 # the installed package's folders: adapters/ is installed as streamtrace.adapters (pyproject.toml)
 PACKAGES = {"streamtrace": ROOT / "streamtrace", "streamtrace.adapters": ROOT / "adapters"}

@@ -1,11 +1,11 @@
 """The README's example runs as written (its Python blocks under "## Example", in order, in a
 fresh folder), and what it claims of the result holds: the forecaster learned the sine."""
+from paths import ROOT
 import os
 import re
 from pathlib import Path
 
 import numpy as np
-from paths import ROOT  # noqa: E402
 
 README = ROOT / "README.md"
 

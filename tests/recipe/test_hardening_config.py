@@ -4,6 +4,7 @@ line and exit code 2 from ``streamtrace serve``, blamed on the right key; CURVE 
 Most cases run in-process through ``load_config`` + ``open_engine``, the code ``serve`` runs
 before listening; a handful go through the real CLI in a subprocess (one jax import each).
 """
+from paths import TESTS
 import itertools
 import os
 import shutil
@@ -25,7 +26,6 @@ from streamtrace.engine import ConfigError, load_config
 from streamtrace.recipe.build import build_learner
 from streamtrace.engine.server import open_engine
 from streamtrace.learner import CheckpointDir
-from paths import TESTS  # noqa: E402
 
 TESTS_DIR = TESTS
 REPO = TESTS_DIR.parent

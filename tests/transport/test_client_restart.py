@@ -8,6 +8,7 @@ interleaved on one client, and a pipelined run of steps behind a sample the engi
 unread (its number unused: the later steps are resent under the engine's numbers)."""
 from __future__ import annotations
 
+from paths import ROOT
 import logging
 import shutil
 import tempfile
@@ -22,7 +23,6 @@ from streamtrace.engine.launch import start_engine, stop, write_config
 
 import cluster_harness as H
 from configs import ipc_sockets  # noqa: E402
-from paths import ROOT  # noqa: E402
 
 K = 25          # steps per phase
 
