@@ -93,7 +93,8 @@ class Experts:
         self.period = period or max_period        # the longest season
         self.eta, self.window, self.clip = float(eta), window, float(clip)
         self.names = EXPERTS if self.period else EXPERTS[:3]
-        self.lam = 0.98             # the linear expert's forgetting (fast: short series)
+        self.lam = 0.99             # the linear expert's forgetting (fast: short series)
+        self.memory = (10.0, 0.25)  # the losses' memory: 10 + n / 4 steps after n targets, at most window
 
     def describe(self) -> dict:
         return {"kind": self.name, "experts": list(self.names), "period": None if self.detect else self.period,
@@ -107,7 +108,7 @@ class Experts:
         if self.detect:     # the period detector over lags 1..max_period
             state["season"] = seasons.init(n, n_out, self.period, dtype)
         if self.period:     # the linear expert (its ring of targets reaches a season and 2 more steps back)
-            state["linear"] = lagged_rls.init(n, n_out, self.period + 2, dtype)
+            state["linear"] = lagged_rls.init(n, n_out, 2 * self.period + 2, dtype)
         return state
 
     def _seasons(self, s):
@@ -156,10 +157,12 @@ class Experts:
         known = (s["n"] >= 2)[:, None, None]
         scale = s["var"][:, None, :] + 1e-12 * (1.0 + s["mean"][:, None, :] ** 2)
         loss = jnp.where(known, jnp.minimum(d * d / scale, self.clip), 0.0)
-        loss = jnp.where(avail & jnp.isfinite(loss), loss, 0.0)
-        worst = jnp.max(loss, axis=1, keepdims=True)
-        loss = jnp.where(avail, loss, worst)
-        L = (1.0 - 1.0 / self.window) * s["L"] + loss
+        w = jax.nn.softmax(jnp.where(avail, -self.eta * s["L"], -jnp.inf), axis=1)
+        e = jnp.sum(w * jnp.where(avail, d, 0), axis=1, keepdims=True)          # the mixture's error
+        asleep = jnp.where(known, jnp.minimum(e * e / scale, self.clip), 0.0)
+        loss = jnp.where(avail & jnp.isfinite(loss), loss, jnp.where(jnp.isfinite(asleep), asleep, 0.0))
+        tau = jnp.minimum(self.window, self.memory[0] + self.memory[1] * s["n"])[:, None, None]
+        L = (1.0 - 1.0 / tau) * s["L"] + loss
         return {**s, "L": jnp.where(scored[:, None, None], L, s["L"]).astype(s["L"].dtype)}
 
     def _observe(self, s, y, ok):
@@ -175,7 +178,8 @@ class Experts:
         if self.detect:
             new["season"] = seasons.update(s["season"], y, ok, self.window)
         if self.period:
-            new["linear"] = lagged_rls.update(s["linear"], self._linear(s), y, ok, self.lam, self.window)
+            lin = lagged_rls.restart(s["linear"], self._seasons(s)[0], ok) if self.detect else s["linear"]
+            new["linear"] = lagged_rls.update(lin, self._linear(s), y, ok, self.lam, self.window)
         return new
 
     # ---- the two ways a step uses it ---------------------------------------------------------

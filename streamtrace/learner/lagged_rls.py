@@ -23,7 +23,7 @@ import jax.numpy as jnp
 
 __all__ = ["init", "back", "scale", "features", "predict", "update", "D"]
 
-D = 6       # regressors
+D = 9       # regressors
 
 
 def init(n: int, n_out: int, depth: int, dtype, delta: float = 0.1) -> dict:
@@ -41,7 +41,26 @@ def init(n: int, n_out: int, depth: int, dtype, delta: float = 0.1) -> dict:
     eye = jnp.eye(D, dtype=dtype) / delta
     return {"n": jnp.zeros(n, jnp.int32), "ring": jnp.zeros((n, depth, n_out), dtype),
             "w": jnp.zeros((n, n_out, D), dtype), "P": jnp.broadcast_to(eye, (n, n_out, D, D)),
-            "q": jnp.zeros((n, n_out), dtype)}
+            "q": jnp.zeros((n, n_out), dtype), "p": jnp.zeros((n, n_out), jnp.int32)}
+
+
+def restart(s: dict, season, ok, delta: float = 0.1) -> dict:
+    """Start the fit afresh (w = 0, P = I / delta) where the season (N, C) it regresses on
+    differs from the one it learnt with, where ``ok`` (N,): what it learnt before a season was
+    found (or with another one) would otherwise weigh on its weights for about 1 / (1 - lam) steps.
+
+    Example::
+
+        >>> import jax.numpy as jnp
+        >>> s = init(1, 1, 8, jnp.float32)
+        >>> s = {**s, "w": s["w"] + 1.0}
+        >>> float(restart(s, jnp.array([[3]]), jnp.array([True]))["w"].sum())
+        0.0
+    """
+    new = (season > 0) & (s["p"] == 0) & ok[:, None]
+    eye = jnp.eye(D, dtype=s["P"].dtype) / delta
+    return {**s, "w": jnp.where(new[..., None], 0, s["w"]), "P": jnp.where(new[..., None, None], eye, s["P"]),
+            "p": jnp.where(new, season, s["p"]).astype(jnp.int32)}
 
 
 def back(s, lag):
@@ -96,7 +115,11 @@ def features(s: dict, p1, p2, mean):
     sc = scale(s)
     p1, p2 = jnp.minimum(p1, s["ring"].shape[1] - 1), jnp.minimum(p2, s["ring"].shape[1] - 1)
     last = jnp.where(s["n"][:, None] >= 1, back(s, one.astype(jnp.int32)), mean)
-    cols = [last - mean, _diff(s, 1 + 0 * p1), _diff(s, 2 + 0 * p1), _diff(s, p1), _diff(s, p2)]
+    p1x2 = jnp.where((p1 > 0) & (2 * p1 < s["ring"].shape[1]), 2 * p1, 0)
+    p1n, p1nn = jnp.where(p1 > 0, p1 + 1, 0), jnp.where(p1 > 0, p1 + 2, 0)
+    cols = [last - mean, _diff(s, 1 + 0 * p1), _diff(s, 2 + 0 * p1), _diff(s, p1), _diff(s, p1n), _diff(s, p1nn),
+            _diff(s, p2),
+            _diff(s, p1x2)]
     return jnp.stack([c / sc for c in cols] + [one], axis=-1)
 
 
@@ -137,5 +160,5 @@ def update(s: dict, z, y, ok, lam: float = 0.995, window: int = 500) -> dict:
     q = jnp.where((ok & (s["n"] >= 1))[:, None], s["q"] + a * (d * d - s["q"]), s["q"])
     R = s["ring"].shape[1]
     hot = (jnp.arange(R)[None, :] == (s["n"] % R)[:, None]) & ok[:, None]
-    return {"n": jnp.where(ok, s["n"] + 1, s["n"]), "w": w, "P": P, "q": q,
+    return {**s, "n": jnp.where(ok, s["n"] + 1, s["n"]), "w": w, "P": P, "q": q,
             "ring": jnp.where(hot[..., None], y[:, None, :], s["ring"])}
