@@ -43,6 +43,8 @@ DESCRIPTION = "streamtrace: online learning on streaming signals, one time step 
 
 def _run(args) -> int:
     module = COMMANDS.get(args.command) or f"streamtrace.adapters.{args.bus}"
+    if args.command == "evaluate" and args.horizon > 1:         # scored per lead
+        module = "streamtrace.leads"
     return importlib.import_module(module).run_cli(args)
 
 
@@ -149,6 +151,10 @@ def _evaluate_parser(sub):
     p.add_argument("--window", type=positive_int, default=1000,
                    help="score the last W steps (regime-switch scores its own span: steps 3500..4499)")
     p.add_argument("--seed", type=nonnegative_int, default=0, help="seed of generated tasks and of the model")
+    p.add_argument("--horizon", type=positive_int, default=1, help="forecast H steps ahead and score each "
+                   "lead beside persistence (and the seasonal naive forecast with --period) at that lead")
+    p.add_argument("--period", type=nonnegative_int, default=0,
+                   help="with --horizon: the seasonal naive forecast's period in samples (default 0: none)")
     p.add_argument("--plot", type=output_file, default="",
                    help="write a PNG of predictions and error (default '': none)")
     files = p.add_argument_group("a file's columns")
