@@ -134,11 +134,15 @@ def format_leads(s: LeadScores) -> str:
 def run_cli(args) -> int:
     """``streamtrace evaluate --horizon H``: the per-lead table, then one JSON line."""
     from .engine.config import ConfigError
+    from .files import split_names
     from .learner.dispatch import inline_dispatch
     from .tasks import TaskError
     inline_dispatch()
     try:
-        task = get_task(args.task, args.steps, args.seed)
+        task = get_task(args.task, args.steps, args.seed, columns=split_names(args.columns),
+                        target=split_names(args.target), time_column=args.time_column)
+        if task.note:
+            print(f"evaluate: {task.note}", file=sys.stderr, flush=True)
         s = evaluate_leads(task, args.config, horizon=args.horizon, period=args.period, window=args.window,
                            seed=args.seed, progress=Progress(task.name))
     except (TaskError, ConfigError, ValueError) as e:

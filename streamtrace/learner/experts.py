@@ -12,23 +12,31 @@ experts' predictions of the next target y_t:
                   an autocorrelation over a bounded memory, per channel, past data only) and
                   the seasonal expert uses the longer of the (one or two) seasons found; where
                   none is found it cannot predict (no weight)
-    linear        with a period (set or detected): recursive least squares with forgetting on
-                  the last values and the seasonal lags (learner/lagged_rls.py; persistence
-                  until it has learnt, the seasonal naive forecast with drift within reach)
+    linear        with a period (set or detected): recursive least squares with forgetting 0.99
+                  on the last changes and the changes a season (and two seasons) back
+                  (learner/lagged_rls.py; persistence until it has learnt, the seasonal naive
+                  forecast with drift within reach; with detection its fit starts afresh when
+                  the first season is found)
 
 weighted by their recent prequential losses with the exponentially weighted average
 forecaster (EWA, Vovk; Littlestone & Warmuth's weighted majority for real predictions):
 
     l_{k,t} = min((p_{k,t} - y_t)^2 / s_t^2, clip)       s_t^2: the targets' running variance
                                                             before y_t (loss in std units)
-    L_{k,t} = beta L_{k,t-1} + l_{k,t}                    beta = 1 - 1/window (forgetting)
+    L_{k,t} = beta_t L_{k,t-1} + l_{k,t}                  beta_t = 1 - 1/tau_t (forgetting),
+                                                            tau_t = min(window, 10 + n_t / 4)
     w_{k,t+1} = exp(-eta L_{k,t}) / sum_j exp(-eta L_{j,t})
     prediction_{t+1} = sum_k w_{k,t+1} p_{k,t+1}
 
+with n_t the targets seen: the losses' memory grows with the stream (14 steps after 16
+targets, 46 after 144, ``window`` from 4 (window - 10) targets on), so on a short series the
+expert that is best lately leads, not the one that was best over its first steps.
 Every weight uses past targets only, so the mixture is a causal forecaster itself. An expert
-that cannot predict yet (no target seen; fewer than ``period`` for the seasonal one) has no
-weight and is charged the worst loss of those that could; until the variance is known
-(two targets) no loss is charged at all.
+that cannot predict yet (no target seen; no season for the seasonal one) has no weight and is
+charged the mixture's own loss (a sleeping expert, Freund, Schapire, Singer & Warmuth 1997):
+its standing against the others is what it was when it fell asleep, so an expert that joins
+late (the seasonal and linear ones, once a season is found) is neither favoured nor locked
+out. Until the variance is known (two targets) no loss is charged at all.
 
 Regret bound (Cesa-Bianchi & Lugosi, "Prediction, Learning, and Games", 2006, thm. 2.2): for
 losses in [0, B] (here B = clip) and no forgetting (beta = 1), over any T steps and for any
