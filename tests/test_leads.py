@@ -57,3 +57,25 @@ def test_a_horizon_on_a_supervised_task_is_refused(capsys):
     assert main(["evaluate", "narma10", "--steps", "100", "--horizon", "3"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "forecast task" in err[0]
+
+
+def test_replay_scores_each_lead_against_the_row_it_forecasts(tmp_path, monkeypatch):
+    """A fake engine forecasting x + 1, x + 2 from row x of x = 0..29 is exact at both leads only
+    if lead h of answer j is scored against the row h answers later. With window 0 (all) the
+    origins are the second half of those with both targets: 14..27; each lead's 14 targets are
+    consecutive integers, std sqrt((14^2 - 1) / 12), and persistence errs by h."""
+    from engine_helpers import fake_sensor_client
+    from streamtrace.adapters.replay import replay
+    path = tmp_path / "ramp.csv"
+    path.write_text("x\n" + "".join(f"{i}\n" for i in range(30)))
+    monkeypatch.setattr("streamtrace.adapters.replay.SensorClient",
+                        fake_sensor_client(lambda xs, ys, k: np.array([xs[0] + 1.0, xs[0] + 2.0])))
+    r = replay(path, "ipc:///nowhere", columns=["x"], window=0, horizon=2)
+    std = np.sqrt((14 ** 2 - 1) / 12)
+    assert r.leads.origins == (14, 28)
+    np.testing.assert_allclose(r.leads.nrmse, [0.0, 0.0], atol=1e-12)
+    np.testing.assert_allclose(r.leads.persistence, [1 / std, 2 / std], rtol=1e-12)
+    assert r.summary()["leads"]["nrmse"] == r.leads.nrmse
+    # an engine whose horizon is not the one given: said, not scored
+    r = replay(path, "ipc:///nowhere", columns=["x"], window=0, horizon=3)
+    assert r.leads is None and "not --horizon 3" in r.note
