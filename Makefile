@@ -70,6 +70,8 @@ bench: $(VENV)/.installed
 quality: $(VENV)/.installed
 	$(PY) -m pip install --quiet -e '.[test,quality]'
 	$(PY) bench/quality.py
+	$(PY) bench/short_seasons.py
+	$(PY) bench/lead_rows.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .cache

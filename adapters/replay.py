@@ -24,8 +24,10 @@ import numpy as np
 
 from streamtrace.evaluation import files
 from streamtrace.evaluation.files import Table, number, timestamp
-
+from streamtrace.evaluation.leads import format_leads
 from streamtrace.transport.client import EngineError, SensorClient
+
+from .replay_leads import score_replay_leads
 
 __all__ = ["ReplayError", "Table", "Rows", "ReplayResult", "FileUnits", "read_table", "select_rows", "replay",
            "write_predictions", "run_cli"]
@@ -166,6 +168,7 @@ class ReplayResult:
     channels: list | None = None                # forecast: the inputs (by position) the engine predicts
     events: Counter = field(default_factory=Counter)   # answers flagged outlier / rolled_back (the screen)
     flagged: np.ndarray = field(repr=False, default=None)   # per answer: its row held an outlier
+    leads: object = None                        # with --horizon: streamtrace.evaluation.leads.LeadScores
 
     def summary(self) -> dict:
         clean = lambda v: None if isinstance(v, float) and not math.isfinite(v) else v  # noqa: E731
@@ -174,7 +177,9 @@ class ReplayResult:
                 "bad_rows": len(self.bad_rows), "refused": dict(self.refused), "nrmse": clean(self.nrmse),
                 "mae": clean(self.mae), "persistence_nrmse": clean(self.persistence_nrmse),
                 "nrmse_all": clean(self.nrmse_all), "outliers": self.events["outlier"],
-                "rolled_back": self.events["rolled_back"], "seconds": round(self.seconds, 3)}
+                "rolled_back": self.events["rolled_back"], "seconds": round(self.seconds, 3)} | \
+            ({} if self.leads is None else {"leads": {"nrmse": self.leads.nrmse, "persistence": self.leads.persistence,
+                                                      "seasonal": self.leads.seasonal, "period": self.leads.period}})
 
 
 def _score(result: ReplayResult, rows: Rows, window: int):
@@ -212,7 +217,8 @@ def _score(result: ReplayResult, rows: Rows, window: int):
 def replay(path: str | Path, endpoint: str = DEFAULT_ENDPOINT, *, stream: str | None = None, columns=None,
            target_columns=None, time_column: str | None = None, rate: float | None = None,
            realtime: bool = False, window: int = 1000, timeout_s: float = 60.0, progress: bool = False,
-           nats: str | None = None, creds=None, channels=None, units: FileUnits | None = None) -> ReplayResult:
+           nats: str | None = None, creds=None, channels=None, units: FileUnits | None = None,
+           horizon: int = 1, period: int = 0) -> ReplayResult:
     """Send every good row of ``path`` to the engine at ``endpoint`` and score its answers.
     With ``target_columns`` the rows carry ``y`` (the engine must be in supervised mode).
     ``channels``: the input columns (positions among the inputs) a forecast engine predicts, its
@@ -220,7 +226,8 @@ def replay(path: str | Path, endpoint: str = DEFAULT_ENDPOINT, *, stream: str | 
     With ``nats`` (a URL), to a cluster through NATS instead (streamtrace[cluster]; ``creds``:
     its ``Credentials``). With ``units`` (:class:`FileUnits`), the file's rate is checked and its
     inputs converted into the engine's declared ``[stream]`` (inputs, predictions and scores are
-    then in those units)."""
+    then in those units). With ``horizon`` H > 1 (the engine's ``learning.horizon``) each lead is
+    scored (``result.leads``) beside persistence and, with ``period``, the seasonal naive forecast."""
     if rate is not None and realtime:
         raise ReplayError("choose one of --rate and --realtime")
     if realtime and not time_column:
@@ -271,7 +278,10 @@ def replay(path: str | Path, endpoint: str = DEFAULT_ENDPOINT, *, stream: str | 
                           time.perf_counter() - t0, np.array(answered, int),
                           np.array(preds, np.float64).reshape(len(preds), n_out))
     result.channels, result.events, result.flagged = channels, events, np.array(flagged, bool)
-    _score(result, rows, window)
+    if horizon > 1:
+        score_replay_leads(result, rows, horizon, window, period)
+    else:
+        _score(result, rows, window)
     return result
 
 
@@ -370,6 +380,8 @@ def _report(r: ReplayResult) -> str:
                      f"persistence NRMSE {r.persistence_nrmse:.5g}")
         if n < total:       # the whole run, learning from scratch included
             lines.append(f"prequential over all {total} steps: NRMSE {r.nrmse_all:.5g}")
+    if r.leads is not None:
+        lines.append(format_leads(r.leads))
     if r.note:
         lines.append("note: " + r.note)
     return "\n".join(lines)
@@ -417,7 +429,7 @@ def run_cli(args) -> int:
                    target_columns=files.split_names(args.target_columns), time_column=args.time_column, rate=args.rate,
                    realtime=args.realtime, window=args.window, timeout_s=args.timeout, progress=True,
                    nats=args.nats, creds=credentials(args) if args.nats else None, channels=channels,
-                   units=units)
+                   units=units, horizon=args.horizon, period=args.period)
     except (ReplayError, ConnectionError) as e:      # ConnectionError: a NATS server refused or absent
         print(f"replay: {e}", file=sys.stderr)
         return 2

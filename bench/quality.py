@@ -69,6 +69,7 @@ CONFIGS = {
     # learning adds over 16 more random features), and reservoirs alone of 240 units (about the
     # hybrid's step time: the fixed reservoir of equal cost) and 300 units
     "reservoir alone": lambda t: _with(default_config(t), learned={"stack": ""}),
+    "default, max_period 60": lambda t: _with(default_config(t), combine={"max_period": 60}),
     "default, gru-16 fixed": lambda t: _with(default_config(t), learned={"optimizer": "frozen"}),
     "reservoir-240 alone": lambda t: _with(default_config(t), model={"n_hidden": 240}, learned={"stack": ""}),
     "reservoir-300 alone": lambda t: _with(default_config(t), model={"n_hidden": 300}, learned={"stack": ""}),

@@ -42,6 +42,8 @@ DESCRIPTION = "streamtrace: online learning on streaming signals, one time step 
 
 def _run(args) -> int:
     module = COMMANDS.get(args.command) or f"streamtrace.adapters.{args.bus}"
+    if args.command == "evaluate" and args.horizon > 1:         # scored per lead
+        module = "streamtrace.evaluation.leads"
     return importlib.import_module(module).run_cli(args)
 
 
@@ -141,6 +143,14 @@ COLUMNS_HELP = "input columns, by name or position: a,b (default: every numeric 
                "target and time-like ones)"
 
 
+def _lead_args(p, what: str):
+    """--horizon and --period of evaluate and replay: scored per lead (streamtrace/evaluation/leads.py)."""
+    p.add_argument("--horizon", type=positive_int, default=1, help=f"{what}: score each lead beside "
+                   "persistence (and the seasonal naive forecast with --period) at that lead")
+    p.add_argument("--period", type=nonnegative_int, default=0,
+                   help="with --horizon: the seasonal naive forecast's period in samples (default 0: none)")
+
+
 def _evaluate_parser(sub):
     text = "prequential one-step-ahead quality of a config on a task or file"
     p = sub.add_parser("evaluate", help=text, description=text)
@@ -154,6 +164,7 @@ def _evaluate_parser(sub):
     p.add_argument("--window", type=positive_int, default=1000,
                    help="score the last W steps (regime-switch scores its own span: steps 3500..4499)")
     p.add_argument("--seed", type=nonnegative_int, default=0, help="seed of generated tasks and of the model")
+    _lead_args(p, "forecast H steps ahead")
     p.add_argument("--plot", type=output_file, default="",
                    help="write a PNG of predictions and error (default '': none)")
     files = p.add_argument_group("a file's columns")
@@ -188,6 +199,7 @@ def _replay_parser(sub):
     pace.add_argument("--rate", type=frequency, default=None,
                       help="rows per second: a number or a frequency such as '250 Hz' (default: as fast as possible)")
     pace.add_argument("--realtime", action="store_true", help="pace by the time column's steps")
+    _lead_args(p, "an engine forecasting H steps ahead (its learning.horizon)")
     p.add_argument("--window", type=nonnegative_int, default=1000,
                    help="score the last W steps, as evaluate does (0: all)")
     p.add_argument("--timeout", type=positive_float, default=60.0, help="seconds to wait for one answer")

@@ -1,5 +1,5 @@
 """Reading a recorded CSV / NPY / Parquet file: the one reader behind ``streamtrace evaluate FILE``
-(:func:`streamtrace.tasks.file_task`) and ``streamtrace replay FILE``.
+(:func:`streamtrace.evaluation.tasks.file_task`) and ``streamtrace replay FILE``.
 
 :func:`read_table` keeps every cell as the file has it (strings for CSV, numbers or None for
 Parquet) with where each row is, so that a caller can say which row is bad; the helpers below

@@ -379,7 +379,7 @@ def _values(table, names) -> np.ndarray:
 
 def load_file(path: str | Path) -> np.ndarray:
     """A (time, channels) series from a .npy, .parquet or CSV file (read by
-    :func:`streamtrace.files.read_table`): the columns :func:`streamtrace.files.choose_columns`
+    :func:`streamtrace.evaluation.files.read_table`): the columns :func:`streamtrace.evaluation.files.choose_columns`
     takes by default (mostly numbers; not a text column, a date-time, or a numeric column that
     looks like time); gaps and cells that are not numbers are forward-filled."""
     table, chosen = _columns(path)
@@ -390,7 +390,7 @@ def file_task(path: str | Path, steps: int | None = None, *, columns=None, targe
               time_column: str | None = None) -> Task:
     """A task from a recorded file: a forecast of the input columns, or with ``target`` (column
     names or positions) a supervised task predicting those columns from the inputs. The columns
-    are chosen as ``streamtrace replay`` chooses them (:func:`streamtrace.files.choose_columns`);
+    are chosen as ``streamtrace replay`` chooses them (:func:`streamtrace.evaluation.files.choose_columns`);
     ``Task.note`` says which time-like columns were left out. ``steps``: at most this many.
 
     Example: ``file_task("walk.csv", columns=["a", "b"], target=["y"]).mode`` is "supervised"."""

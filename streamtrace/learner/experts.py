@@ -12,23 +12,31 @@ experts' predictions of the next target y_t:
                   an autocorrelation over a bounded memory, per channel, past data only) and
                   the seasonal expert uses the longer of the (one or two) seasons found; where
                   none is found it cannot predict (no weight)
-    linear        with a period (set or detected): recursive least squares with forgetting on
-                  the last values and the seasonal lags (learner/lagged_rls.py; persistence
-                  until it has learnt, the seasonal naive forecast with drift within reach)
+    linear        with a period (set or detected): recursive least squares with forgetting 0.99
+                  on the last changes and the changes a season (and two seasons) back
+                  (learner/lagged_rls.py; persistence until it has learnt, the seasonal naive
+                  forecast with drift within reach; with detection its fit starts afresh when
+                  the first season is found)
 
 weighted by their recent prequential losses with the exponentially weighted average
 forecaster (EWA, Vovk; Littlestone & Warmuth's weighted majority for real predictions):
 
     l_{k,t} = min((p_{k,t} - y_t)^2 / s_t^2, clip)       s_t^2: the targets' running variance
                                                             before y_t (loss in std units)
-    L_{k,t} = beta L_{k,t-1} + l_{k,t}                    beta = 1 - 1/window (forgetting)
+    L_{k,t} = beta_t L_{k,t-1} + l_{k,t}                  beta_t = 1 - 1/tau_t (forgetting),
+                                                            tau_t = min(window, 10 + n_t / 4)
     w_{k,t+1} = exp(-eta L_{k,t}) / sum_j exp(-eta L_{j,t})
     prediction_{t+1} = sum_k w_{k,t+1} p_{k,t+1}
 
+with n_t the targets seen: the losses' memory grows with the stream (14 steps after 16
+targets, 46 after 144, ``window`` from 4 (window - 10) targets on), so on a short series the
+expert that is best lately leads, not the one that was best over its first steps.
 Every weight uses past targets only, so the mixture is a causal forecaster itself. An expert
-that cannot predict yet (no target seen; fewer than ``period`` for the seasonal one) has no
-weight and is charged the worst loss of those that could; until the variance is known
-(two targets) no loss is charged at all.
+that cannot predict yet (no target seen; no season for the seasonal one) has no weight and is
+charged the mixture's own loss (a sleeping expert, Freund, Schapire, Singer & Warmuth 1997):
+its standing against the others is what it was when it fell asleep, so an expert that joins
+late (the seasonal and linear ones, once a season is found) is neither favoured nor locked
+out. Until the variance is known (two targets) no loss is charged at all.
 
 Regret bound (Cesa-Bianchi & Lugosi, "Prediction, Learning, and Games", 2006, thm. 2.2): for
 losses in [0, B] (here B = clip) and no forgetting (beta = 1), over any T steps and for any
@@ -93,7 +101,8 @@ class Experts:
         self.period = period or max_period        # the longest season
         self.eta, self.window, self.clip = float(eta), window, float(clip)
         self.names = EXPERTS if self.period else EXPERTS[:3]
-        self.lam = 0.98             # the linear expert's forgetting (fast: short series)
+        self.lam = 0.99             # the linear expert's forgetting (fast: short series)
+        self.memory = (10.0, 0.25)  # the losses' memory: 10 + n / 4 steps after n targets, at most window
 
     def describe(self) -> dict:
         return {"kind": self.name, "experts": list(self.names), "period": None if self.detect else self.period,
@@ -107,7 +116,7 @@ class Experts:
         if self.detect:     # the period detector over lags 1..max_period
             state["season"] = seasons.init(n, n_out, self.period, dtype)
         if self.period:     # the linear expert (its ring of targets reaches a season and 2 more steps back)
-            state["linear"] = lagged_rls.init(n, n_out, self.period + 2, dtype)
+            state["linear"] = lagged_rls.init(n, n_out, 2 * self.period + 2, dtype)
         return state
 
     def _seasons(self, s):
@@ -156,10 +165,12 @@ class Experts:
         known = (s["n"] >= 2)[:, None, None]
         scale = s["var"][:, None, :] + 1e-12 * (1.0 + s["mean"][:, None, :] ** 2)
         loss = jnp.where(known, jnp.minimum(d * d / scale, self.clip), 0.0)
-        loss = jnp.where(avail & jnp.isfinite(loss), loss, 0.0)
-        worst = jnp.max(loss, axis=1, keepdims=True)
-        loss = jnp.where(avail, loss, worst)
-        L = (1.0 - 1.0 / self.window) * s["L"] + loss
+        w = jax.nn.softmax(jnp.where(avail, -self.eta * s["L"], -jnp.inf), axis=1)
+        e = jnp.sum(w * jnp.where(avail, d, 0), axis=1, keepdims=True)          # the mixture's error
+        asleep = jnp.where(known, jnp.minimum(e * e / scale, self.clip), 0.0)
+        loss = jnp.where(avail & jnp.isfinite(loss), loss, jnp.where(jnp.isfinite(asleep), asleep, 0.0))
+        tau = jnp.minimum(self.window, self.memory[0] + self.memory[1] * s["n"])[:, None, None]
+        L = (1.0 - 1.0 / tau) * s["L"] + loss
         return {**s, "L": jnp.where(scored[:, None, None], L, s["L"]).astype(s["L"].dtype)}
 
     def _observe(self, s, y, ok):
@@ -175,7 +186,8 @@ class Experts:
         if self.detect:
             new["season"] = seasons.update(s["season"], y, ok, self.window)
         if self.period:
-            new["linear"] = lagged_rls.update(s["linear"], self._linear(s), y, ok, self.lam, self.window)
+            lin = lagged_rls.restart(s["linear"], self._seasons(s)[0], ok) if self.detect else s["linear"]
+            new["linear"] = lagged_rls.update(lin, self._linear(s), y, ok, self.lam, self.window)
         return new
 
     # ---- the two ways a step uses it ---------------------------------------------------------

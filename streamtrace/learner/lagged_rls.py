@@ -1,29 +1,34 @@
 """A fast linear expert: recursive least squares with forgetting on the last values and the seasonal lags.
 
 Per slot and channel, with d_t = y_t - y_{t-1}, s the changes' running root mean square (a scale
-that a trend does not inflate), m the targets' running mean, and p1, p2 the seasons found so far (learner/period.py; 0: none, the regressor is then 0):
+that a trend does not inflate), m the targets' running mean, and p1, p2 the seasons found so far
+(learner/period.py; 0: none, a regressor whose lag is 0 or beyond the ring is 0):
 
-    z_t = [ (y_{t-1} - m) / s,  d_{t-1} / s,  d_{t-2} / s,  d_{t-p1} / s,  d_{t-p2} / s,  1 ]
+    z_t = [ (y_{t-1} - m) / s,  d_{t-1} / s,  d_{t-2} / s,  d_{t-p1} / s,  d_{t-p1-1} / s,  d_{t-p1-2} / s,
+            d_{t-p2} / s,  d_{t-2 p1} / s,  1 ]
     prediction   y_{t-1} + s * w^T z_t
 
 so w = 0 is persistence, w = e_4 is the seasonal naive forecast with drift (y_{t-1} + y_{t-p}
-- y_{t-p-1}, SARIMA(0,1,0)(0,1,0)_p), and the first entry lets it revert to the mean. When y_t
-arrives (from the third target on), w and the inverse covariance P learn the scaled change
-d_t / s by RLS with forgetting lam:
+- y_{t-p-1}, SARIMA(0,1,0)(0,1,0)_p); the lags one and two steps after a season pair with the
+last two changes as a seasonal ARIMA's autoregression on the twice-differenced series does, the
+change two seasons back lets it average the seasons, and the first entry lets it revert to the
+mean. When y_t arrives (from the third target on), w and the inverse covariance P learn the
+scaled change d_t / s by RLS with forgetting lam:
 
     k = P z / (lam + z^T P z),   w <- w + k (d_t / s - w^T z),   P <- (P - k z^T P) / lam
 
-starting from w = 0, P = I / delta; then s^2 <- s^2 + a (d_t^2 - s^2), a = max(1/k, 1/window)
-after k changes. The regressors need the targets ``depth`` steps back: a ring
-of them (depth = the longest season + 2).
+starting from w = 0, P = I / delta (and afresh, ``restart``, when a detected season first
+appears); then s^2 <- s^2 + a (d_t^2 - s^2), a = max(1/k, 1/window) after k changes. The
+regressors need the targets ``depth`` steps back: a ring of them (depth = 2 x the longest
+season + 2).
 """
 from __future__ import annotations
 
 import jax.numpy as jnp
 
-__all__ = ["init", "back", "scale", "features", "predict", "update", "D"]
+__all__ = ["init", "restart", "back", "scale", "features", "predict", "update", "D"]
 
-D = 6       # regressors
+D = 9       # regressors
 
 
 def init(n: int, n_out: int, depth: int, dtype, delta: float = 0.1) -> dict:
@@ -34,14 +39,33 @@ def init(n: int, n_out: int, depth: int, dtype, delta: float = 0.1) -> dict:
         >>> import jax.numpy as jnp
         >>> s = init(1, 2, 14, jnp.float32)
         >>> s["P"].shape, s["ring"].shape
-        ((1, 2, 6, 6), (1, 14, 2))
+        ((1, 2, 9, 9), (1, 14, 2))
     """
     if not isinstance(depth, int) or depth < 4:
         raise ValueError(f"lagged RLS: depth must be an integer >= 4; got {depth!r}")
     eye = jnp.eye(D, dtype=dtype) / delta
     return {"n": jnp.zeros(n, jnp.int32), "ring": jnp.zeros((n, depth, n_out), dtype),
             "w": jnp.zeros((n, n_out, D), dtype), "P": jnp.broadcast_to(eye, (n, n_out, D, D)),
-            "q": jnp.zeros((n, n_out), dtype)}
+            "q": jnp.zeros((n, n_out), dtype), "p": jnp.zeros((n, n_out), jnp.int32)}
+
+
+def restart(s: dict, season, ok, delta: float = 0.1) -> dict:
+    """Start the fit afresh (w = 0, P = I / delta) where the season (N, C) it regresses on
+    differs from the one it learnt with, where ``ok`` (N,): what it learnt before a season was
+    found (or with another one) would otherwise weigh on its weights for about 1 / (1 - lam) steps.
+
+    Example::
+
+        >>> import jax.numpy as jnp
+        >>> s = init(1, 1, 8, jnp.float32)
+        >>> s = {**s, "w": s["w"] + 1.0}
+        >>> float(restart(s, jnp.array([[3]]), jnp.array([True]))["w"].sum())
+        0.0
+    """
+    new = (season > 0) & (s["p"] == 0) & ok[:, None]
+    eye = jnp.eye(D, dtype=s["P"].dtype) / delta
+    return {**s, "w": jnp.where(new[..., None], 0, s["w"]), "P": jnp.where(new[..., None, None], eye, s["P"]),
+            "p": jnp.where(new, season, s["p"]).astype(jnp.int32)}
 
 
 def back(s, lag):
@@ -52,7 +76,7 @@ def back(s, lag):
         >>> import jax.numpy as jnp
         >>> s = init(1, 1, 4, jnp.float32)
         >>> for v in [1., 2., 3.]:
-        ...     s = update(s, jnp.zeros((1, 1, 6)), jnp.array([[v]]), jnp.array([True]))
+        ...     s = update(s, jnp.zeros((1, 1, D)), jnp.array([[v]]), jnp.array([True]))
         >>> float(back(s, jnp.array([[3]]))[0, 0])
         1.0
     """
@@ -90,13 +114,16 @@ def features(s: dict, p1, p2, mean):
         >>> import jax.numpy as jnp
         >>> s = init(1, 1, 8, jnp.float32)
         >>> features(s, jnp.zeros((1, 1), int), jnp.zeros((1, 1), int), jnp.zeros((1, 1))).shape
-        (1, 1, 6)
+        (1, 1, 9)
     """
     one = jnp.ones_like(mean)
     sc = scale(s)
     p1, p2 = jnp.minimum(p1, s["ring"].shape[1] - 1), jnp.minimum(p2, s["ring"].shape[1] - 1)
     last = jnp.where(s["n"][:, None] >= 1, back(s, one.astype(jnp.int32)), mean)
-    cols = [last - mean, _diff(s, 1 + 0 * p1), _diff(s, 2 + 0 * p1), _diff(s, p1), _diff(s, p2)]
+    R = s["ring"].shape[1]
+    on = lambda lag: jnp.where((p1 > 0) & (lag < R), lag, 0)           # noqa: E731  (0: no regressor)
+    lags = [1 + 0 * p1, 2 + 0 * p1, p1, on(p1 + 1), on(p1 + 2), p2, on(2 * p1)]
+    cols = [last - mean] + [_diff(s, q) for q in lags]
     return jnp.stack([c / sc for c in cols] + [one], axis=-1)
 
 
@@ -107,7 +134,7 @@ def predict(s: dict, z):
 
         >>> import jax.numpy as jnp
         >>> s = init(1, 1, 8, jnp.float32)
-        >>> float(predict(s, jnp.ones((1, 1, 6)))[0, 0])      # nothing learnt yet: persistence (0)
+        >>> float(predict(s, jnp.ones((1, 1, D)))[0, 0])      # nothing learnt yet: persistence (0)
         0.0
     """
     last = back(s, jnp.ones(s["q"].shape, jnp.int32))
@@ -122,7 +149,7 @@ def update(s: dict, z, y, ok, lam: float = 0.995, window: int = 500) -> dict:
 
         >>> import jax.numpy as jnp
         >>> s = init(1, 1, 8, jnp.float32)
-        >>> s = update(s, jnp.zeros((1, 1, 6)), jnp.ones((1, 1)), jnp.array([True]))
+        >>> s = update(s, jnp.zeros((1, 1, D)), jnp.ones((1, 1)), jnp.array([True]))
         >>> int(s["n"][0])
         1
     """
@@ -137,5 +164,5 @@ def update(s: dict, z, y, ok, lam: float = 0.995, window: int = 500) -> dict:
     q = jnp.where((ok & (s["n"] >= 1))[:, None], s["q"] + a * (d * d - s["q"]), s["q"])
     R = s["ring"].shape[1]
     hot = (jnp.arange(R)[None, :] == (s["n"] % R)[:, None]) & ok[:, None]
-    return {"n": jnp.where(ok, s["n"] + 1, s["n"]), "w": w, "P": P, "q": q,
+    return {**s, "n": jnp.where(ok, s["n"] + 1, s["n"]), "w": w, "P": P, "q": q,
             "ring": jnp.where(hot[..., None], y[:, None, :], s["ring"])}

@@ -1,18 +1,21 @@
-"""The period of a stream, found online: an autocorrelation of its differences over a bounded memory.
+"""The period of a stream, found online: an autocorrelation of its deviations from a running level.
 
 Per slot and channel, from the targets y_t as they arrive (past data only):
 
-    d_t   = y_t - y_{t-1}                          differences: a linear trend becomes a constant
+    d_t   = y_t - l_{t-1}                          the deviation from the running level l (a trend
+    l_t   = l_{t-1} + b_t (y_t - l_{t-1})           leaves a constant), b = max(1/k, 1/max_period)
+                                                   after k targets: a mean over about one season
     mu    <- mu  + a_t (d_t - mu)                  their running mean (the drift)
     v     <- v   + a_t (d_t^2 - v)                 their running second moment
     c_p   <- c_p + a_{t,p} (d_t d_{t-p} - c_p)     lag p's running product, p = 1..max_period
     r_p   = (c_p - mu^2) / (v - mu^2)              lag p's autocorrelation
 
 with a = max(1/k, 1/window) after k products (a plain mean, then an exponential average: the
-memory is bounded by ``window`` steps and a ring of the last ``max_period`` differences).
+memory is bounded by ``window`` steps and a ring of the last ``max_period`` deviations).
 
 A lag p in 2..max_period-1 is a candidate season when r_p is a local maximum (r_p >= r_{p-1},
-r_p >= r_{p+1}), exceeds ``threshold`` and has at least p products behind it (two cycles seen).
+r_p >= r_{p+1}), exceeds ``threshold``, rises ``prominence`` above the lowest r before it and
+has at least p products behind it (two cycles seen).
 Of the candidates, the strongest one (largest r) is ``best``;
 
     first  = the shortest candidate whose r is at least ``share`` x r_best   (the base season)
@@ -20,7 +23,7 @@ Of the candidates, the strongest one (largest r) is ``best``;
 
 so a single season of 12 (whose multiples 24, 36 correlate as well) reports 12 and no second,
 and half-hourly data with a day and a week reports 48 and 336. White noise reports none (0):
-its differences correlate -1/2 at lag 1 and about 0 beyond.
+its deviations correlate about 0 beyond the first lags.
 """
 from __future__ import annotations
 

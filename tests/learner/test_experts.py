@@ -26,7 +26,8 @@ def np_mixture(model, targets, *, forecast, period=None, eta=ETA, window=WINDOW,
     Returns the mixture's predictions (T, C) and the discounted losses (K, C) at the end."""
     T, C = model.shape
     K = 5 if period or max_period else 3
-    lin = [NpRLS((period or max_period) + 2, lam=0.98, window=window) for _ in range(C)] if K == 5 else []
+    lin = [NpRLS(2 * (period or max_period) + 2, lam=0.99, window=window, restart=bool(max_period))
+           for _ in range(C)] if K == 5 else []
     L, hist, mean, var = np.zeros((K, C)), [], np.zeros(C), np.zeros(C)
     found = [NpPeriod(max_period, window) for _ in range(C)] if max_period else []
 
@@ -63,9 +64,15 @@ def np_mixture(model, targets, *, forecast, period=None, eta=ETA, window=WINDOW,
             loss = np.minimum((e - y) ** 2 / (var + 1e-12 * (1 + mean ** 2)), clip)
         else:
             loss = np.zeros((K, C))
-        worst = np.where(avail, loss, 0).max(axis=0)
-        loss = np.where(avail, loss, worst)
-        L[:] = (1 - 1 / window) * L + loss
+        # an expert that cannot predict (asleep) is charged the mixture's own loss
+        logit = np.where(avail, -eta * L, -np.inf)
+        w = np.exp(logit - logit.max(axis=0))
+        w /= w.sum(axis=0)
+        mixed = np.sum(w * np.nan_to_num(e), axis=0)
+        asleep = np.minimum((mixed - y) ** 2 / (var + 1e-12 * (1 + mean ** 2)), clip) if len(hist) >= 2 else 0
+        loss = np.where(avail, loss, asleep)
+        tau = min(window, 10 + 0.25 * len(hist))           # the losses' memory grows with the stream
+        L[:] = (1 - 1 / tau) * L + loss
 
     def observe(y):
         nonlocal mean, var

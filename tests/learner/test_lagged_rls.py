@@ -16,9 +16,10 @@ class NpRLS:
     """The linear expert's equations in numpy, one channel: ``predict`` the next target from the
     history, the running mean and the seasons, then ``learn`` it."""
 
-    def __init__(self, depth, lam=LAM, delta=DELTA, window=WINDOW):
-        self.depth, self.lam, self.window = depth, lam, window
-        self.w, self.P, self.q, self.hist, self.z = np.zeros(6), np.eye(6) / delta, 0.0, [], None
+    def __init__(self, depth, lam=LAM, delta=DELTA, window=WINDOW, restart=False):
+        self.depth, self.lam, self.window, self.delta, self.restart = depth, lam, window, delta, restart
+        self.w, self.P, self.q, self.hist, self.z = np.zeros(9), np.eye(9) / delta, 0.0, [], None
+        self.season = 0                     # the season learnt with (restart: a fresh fit when one is found)
 
     def _diff(self, lag):
         h = self.hist
@@ -26,15 +27,20 @@ class NpRLS:
 
     def predict(self, mean, p1, p2):
         h = self.hist
+        p1 = min(p1, self.depth - 1)
+        self.p1 = p1
         self.s = np.sqrt(self.q + 1e-12 * (1 + (h[-1] if h else 0.0) ** 2))
-        z = np.array([(h[-1] if h else mean) - mean, self._diff(1), self._diff(2), self._diff(p1),
-                      self._diff(p2), 0.0]) / self.s
-        z[5] = 1.0
+        lags = [1, 2] + ([p1, p1 + 1, p1 + 2] if p1 else [0, 0, 0]) + [min(p2, self.depth - 1)] + \
+            [2 * p1 if p1 and 2 * p1 < self.depth else 0]
+        z = np.array([(h[-1] if h else mean) - mean] + [self._diff(q) for q in lags] + [0.0]) / self.s
+        z[8] = 1.0
         self.z = z
         return (h[-1] if h else 0.0) + self.s * self.w @ z
 
     def learn(self, y):
         h, z = self.hist, self.z
+        if self.restart and self.p1 and not self.season:
+            self.w, self.P, self.season = np.zeros(9), np.eye(9) / self.delta, self.p1
         if len(h) >= 2:                      # the RLS step, from the third target on
             k = self.P @ z / (self.lam + z @ self.P @ z)
             self.w = self.w + k * ((y - h[-1]) / self.s - self.w @ z)
