@@ -34,7 +34,7 @@ if pin >= 0:
 import numpy as np
 xs = np.load(series)
 if side == "runner":
-    from streamtrace.runtime.runner import Runner
+    from streamtrace.export.runner import Runner
     r = Runner(where)
     dt = np.dtype(r.manifest["inputs"]["x"][1])
     inputs = [np.full((1, 1), x, dt) for x in xs]

@@ -25,8 +25,7 @@ from .core import EngineCore
 from .executables import ExecutableStore
 from .memory import release_after_warmup
 from .preflight import check_environment, check_security
-from ..runtime.receive import recv_message
-from ..runtime.sockets import BindError, Curve, bind
+from .receive import recv_message
 from .reply_first import ReplyFirst
 from .spin import BusyPoll
 
@@ -121,15 +120,34 @@ class Engine:
             pass
 
     def _socket(self, kind, addr):
+        s = self.ctx.socket(kind)
+        s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.SNDHWM, self.cfg.sockets.hwm)
+        s.setsockopt(zmq.RCVHWM, self.cfg.sockets.hwm)
+        # oversize messages up to twice the limit still get a "too_large" reply; beyond that
+        # ZeroMQ drops the peer's connection before the bytes are buffered
+        s.setsockopt(zmq.MAXMSGSIZE, 2 * self.cfg.engine.max_message_bytes + 65536)
         sec = self.cfg.security
-        if sec.curve_secret_key_file and self._auth is None:
-            self._auth = Curve(sec.curve_secret_key_file, sec.curve_authorized_dir, sec.allow_any_client)
+        if sec.curve_secret_key_file:
+            if self._auth is None:
+                from zmq.auth.thread import ThreadAuthenticator
+                self._auth = ThreadAuthenticator(self.ctx)
+                self._auth.start()
+                if sec.curve_authorized_dir:
+                    self._auth.configure_curve(domain="*", location=sec.curve_authorized_dir)
+                else:   # check_security let this through only with allow_any_client = true
+                    log.warning("security.allow_any_client = true: ANY client key may connect (traffic is "
+                                "encrypted, clients are NOT authenticated); set security.curve_authorized_dir")
+                    self._auth.configure_curve(domain="*", location=zmq.auth.CURVE_ALLOW_ANY)
+            public, secret = zmq.auth.load_certificate(sec.curve_secret_key_file)
+            s.curve_publickey, s.curve_secretkey, s.curve_server = public, secret, True
         try:
-            return bind(self.ctx, kind, addr, hwm=self.cfg.sockets.hwm,
-                        max_message_bytes=self.cfg.engine.max_message_bytes, curve=self._auth)
-        except BindError as e:
+            s.bind(addr)
+        except zmq.ZMQError as e:
+            s.close(0)
             key = {zmq.ROUTER: "router", zmq.PULL: "pull", zmq.XPUB: "pub"}.get(kind, "router")
-            raise ConfigError(f"sockets.{key}", str(e)) from None
+            raise ConfigError(f"sockets.{key}", f"cannot listen on {addr!r}: {e}") from None
+        return s
 
     @property
     def endpoints(self) -> dict:

@@ -35,5 +35,5 @@ def run_cli(args) -> int:
         print("export error: " + " ".join(str(e).split()), file=sys.stderr)
         return 2
     print(f"exported to {args.out} for {m['target']}: step program with {len(m['buffers'])} state buffers, "
-          f"float{m['precision']}, {m['slots']} slot(s); serve it with streamtrace-runner (or step it with streamtrace.runtime.Runner)")
+          f"float{m['precision']}, {m['slots']} slot(s); run it with streamtrace.export.runner.Runner")
     return 0

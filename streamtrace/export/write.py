@@ -20,8 +20,8 @@ import numpy as np
 from ..checkpoints import write_checkpoint
 from .learner import learner_of, load_config
 from .program import ExportError, compile_program, step_program
-from ..runtime.runner import FILES, FORMAT
-from ..runtime.state_map import SHIFT, StateMap
+from .runner import FILES, FORMAT
+from .state_map import SHIFT, StateMap
 from .targets import TARGETS
 
 __all__ = ["export_learner", "FORMAT", "FILES"]
@@ -48,23 +48,6 @@ def state_positions(learner) -> dict:
     index = [np.arange(math.prod(a.shape), dtype=np.int64).reshape(a.shape) + (b << SHIFT)
              for b, a in enumerate(learner.programs.avals)]
     return learner._expand(learner.layout.to_named(index))   # what state_dict() does to the buffers
-
-
-def weight_names(learner, positions: dict) -> dict:
-    """What a ``weights`` message holds, by checkpoint name: ``params`` {parameter name (as
-    ``learner.params`` names it): checkpoint name}, ``state`` [the checkpoint names of
-    ``learner.predictor_state()``]. Found by running ``learner.params`` on buffers holding
-    their own positions (as ``state_positions``)."""
-    index = [np.arange(math.prod(a.shape), dtype=np.int64).reshape(a.shape) + (b << SHIFT)
-             for b, a in enumerate(learner.programs.avals)]
-    kept, learner.buffers = learner.buffers, index
-    try:
-        params = learner.params
-    finally:
-        learner.buffers = kept
-    by_positions = {np.asarray(v).tobytes(): k for k, v in positions.items()}
-    return {"params": {k: by_positions[np.asarray(v).tobytes()] for k, v in params.items()},
-            "state": sorted(learner.predictor_state())}
 
 
 def _outputs(learner) -> dict:
@@ -109,8 +92,7 @@ def export_learner(config, out, target: str = "host", slots: int = 1) -> dict:
     (folder / "step.vmfb").write_bytes(vmfb)
     write_checkpoint(folder / "state.npz", learner.state_dict(), learner.signature(), {"step": 0})
     buffers = [[list(a.shape), np.dtype(a.dtype).str] for a in learner.programs.avals]
-    positions = state_positions(learner)
-    StateMap(positions, buffers).save(folder)
+    StateMap(state_positions(learner), buffers).save(folder)
     arg = lambda a: [list(a.shape), np.dtype(a.dtype).str]
     manifest = {
         "format": FORMAT, "version": 1, "target": target, "triple": TARGETS[target][0],
@@ -118,7 +100,6 @@ def export_learner(config, out, target: str = "host", slots: int = 1) -> dict:
             ("x", "y", "active", "learn"), ins[len(buffers):])},
         "output": arg(outs[-1]), "outputs": _outputs(learner), "slots": learner.n,
         "precision": cfg.model.precision, "tanh64_rewritten": tanh, "signature": learner.signature(),
-        "mode": cfg.learning.mode, "weights": weight_names(learner, positions),
         "config": {k: dataclasses.asdict(getattr(cfg, k)) for k in LEARNER_SECTIONS},
         "versions": _versions(), "sha256": _sha256(folder)}
     (folder / "manifest.json").write_text(json.dumps(manifest, indent=1, default=str) + "\n")

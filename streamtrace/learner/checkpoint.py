@@ -1,5 +1,5 @@
 """Checkpoint files: the format lives in ``streamtrace.checkpoints`` (numpy only, so that the
-jax-free runner of an exported learner, ``streamtrace.runtime.runner``, writes the same files);
+jax-free runner of an exported learner, ``streamtrace.export.runner``, writes the same files);
 the learner and the engine import it from here."""
 from ..checkpoints import (CheckpointDir, CheckpointError, check_signature, checkpoint_bytes, description_diff,
                            loads_checkpoint, optimizer_diff, read_checkpoint, signature_diff, write_checkpoint)

@@ -16,7 +16,7 @@ from streamtrace.transport import SensorClient, Subscriber
 from streamtrace.engine.launch import start_engine, stop, write_config
 from streamtrace.engine import load_config
 from streamtrace.engine.core import EngineCore
-from streamtrace.runtime.receive import recv_message
+from streamtrace.engine.receive import recv_message
 
 N_IN, N_OUT = 3, 2
 HUGE_SHAPES = [[0, 2**62], [2**64 - 1, 0], [0, 2**62, 2**62], [2**62, 0, 1]]

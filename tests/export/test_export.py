@@ -21,8 +21,8 @@ import pytest
 from streamtrace.checkpoints import read_checkpoint
 from streamtrace.export.learner import learner_from_config
 from streamtrace.export.program import compile_program
-from streamtrace.runtime.runner import Runner, RunnerError
-from streamtrace.runtime.state_map import StateMap
+from streamtrace.export.runner import Runner, RunnerError
+from streamtrace.export.state_map import StateMap
 from streamtrace.export.tanh64 import rewrite_tanh64
 from streamtrace.export.write import export_learner
 from streamtrace.evaluation.tasks import mackey_glass
@@ -222,7 +222,7 @@ def test_checkpoints_cross_both_ways(exported, tmp_path):
 def test_runner_imports_no_jax(exported):
     """The runner in a process of its own: it steps, and neither jax nor brainstate is loaded."""
     folder = exported("gru")
-    code = ("import sys, numpy as np\nfrom streamtrace.runtime.runner import Runner\n"
+    code = ("import sys, numpy as np\nfrom streamtrace.export.runner import Runner\n"
             f"r = Runner({str(folder)!r})\nfor i in range(3): p = r.step(np.array([[0.1 * i]]))\n"
             "print(p[0].shape, sorted(m for m in ('jax', 'jaxlib', 'brainstate') if m in sys.modules))")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}

@@ -94,7 +94,6 @@ def test_streamtrace_imports_have_no_cycle():
 LAYERS = [
     {"streamtrace", "units", "addresses", "_imports", "wire", "checkpoints"},   # jax-free basics
     {"arguments"},                       # command-line argument types (with units)
-    {"runtime"},                         # an exported learner served without jax (streamtrace-runner)
     {"transport"},                       # ZeroMQ clients, subscribers, the echo floor
     {"nn"},                              # models
     {"etrace"},                          # the trace compiler and algorithms
