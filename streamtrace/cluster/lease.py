@@ -10,7 +10,9 @@ checkpoint commit by a worker that lost its lease while paused is refused, not a
 Expiry needs no shared clock: an owner counts its lease valid until (time it *sent* the last
 successful write) + 0.9 ttl; a contender counts it expired once the revision it *saw* has not
 changed for ttl by its own clock. The owner's window closes first, so it stops acting as
-owner (publishing, acking) before anyone can take over.
+owner (publishing, acking) before anyone can take over. The contender's clocks run for every
+partition all the time (``see``, fed by a watch on the bucket: watch.py), not only from when it
+first wants a partition.
 """
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass, field
+
+from .watch import Sightings
 
 __all__ = ["Lease", "LeaseTable", "lease_key", "LeaseLost"]
 
@@ -56,11 +60,16 @@ class LeaseTable:
 
     def __init__(self, kv, worker: str, ttl_s: float, clock=time.monotonic):
         self.kv, self.worker, self.ttl, self.clock = kv, worker, ttl_s, clock
-        self.seen: dict[int, tuple[int, float]] = {}     # partition -> (revision, when first seen)
+        self.sightings = Sightings(ttl_s, clock)     # partition -> (revision, when first seen)
 
     def forget_observations(self):
         """After a reconnect: nobody could renew while the broker was away, so restart the clocks."""
-        self.seen.clear()
+        self.sightings.forget()
+
+    def see(self, key: str, revision: int):
+        """A write of the lease ``key`` (``p.<k>``) seen by a watch: partition k's clock restarts."""
+        if key.startswith("p.") and key[2:].isdigit():
+            self.sightings.see(int(key[2:]), revision)
 
     async def read(self, k: int):
         """(revision, value) of partition k's lease, or (0, None) if never written."""
@@ -72,11 +81,7 @@ class LeaseTable:
         return e.revision, json.loads(e.value)
 
     def expired(self, k: int, revision: int, now: float) -> bool:
-        rev, first = self.seen.get(k, (None, None))
-        if rev != revision:
-            self.seen[k] = (revision, now)
-            return False
-        return now - first >= self.ttl
+        return self.sightings.expired(k, revision, now)
 
     async def try_acquire(self, k: int) -> Lease | None:
         """The lease if it is free, released or expired (and the compare-and-set wins)."""
