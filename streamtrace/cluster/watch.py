@@ -76,17 +76,17 @@ class Sightings:
         return min(ends) if ends else None
 
 
-async def follow(kv, on_entry, retry_s: float = 1.0):
-    """Watch every key of ``kv`` (revisions only, no values) and call ``on_entry(key, revision,
-    deleted)`` for each write, until cancelled; a watch that breaks is started again after
-    ``retry_s``."""
+async def follow(kv, on_entry, retry_s: float = 1.0, values: bool = False):
+    """Watch every key of ``kv`` and call ``on_entry(key, revision, deleted, value)`` for each
+    write (value None unless ``values``), until cancelled; a watch that breaks is started again
+    after ``retry_s``."""
     while True:
         watcher = None
         try:
-            watcher = await kv.watchall(meta_only=True)
+            watcher = await kv.watchall(meta_only=not values)
             async for e in watcher:
                 if e is not None:
-                    on_entry(e.key, e.revision, e.operation in ("DEL", "PURGE"))
+                    on_entry(e.key, e.revision, e.operation in ("DEL", "PURGE"), e.value if values else None)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - a broker away: the polls go on meanwhile

@@ -5,7 +5,8 @@ Membership: each worker writes a heartbeat to ``st_workers`` every ``heartbeat_s
 is live while its heartbeat's revision keeps changing (by the observer's own clock) and gone
 once its key is deleted (SIGTERM) or silent for ``lease_ttl_s``. Every worker computes the
 same assignment from the live set; it releases what is no longer its own and takes what is
-and is free (released, or its lease expired). Watches on both buckets (watch.py) start every
+and is free (released, or its lease expired). The assignment evens out the streams too, by
+the count each lease carries (assign.py). Watches on both buckets (watch.py) start every
 heartbeat's and every lease's expiry clock at the write itself, and the loop wakes when the
 next one is due: a killed worker's partitions are taken over about one ttl after its last
 writes, not two.
@@ -89,7 +90,8 @@ class Worker:
         self.objects = await self.js.object_store(L.CHECKPOINTS)
         await self._heartbeat()
         self.watches = [asyncio.create_task(follow(self.workers_kv, self._saw_worker)),
-                        asyncio.create_task(follow(self.leases.kv, lambda key, rev, _: self.leases.see(key, rev)))]
+                        asyncio.create_task(follow(self.leases.kv, lambda key, rev, _, value: self.leases.see(
+                            key, rev, value), values=True))]
         if on_ready:
             on_ready(self)
         try:
@@ -112,7 +114,7 @@ class Worker:
             await self._leave()
         return 0
 
-    def _saw_worker(self, key: str, revision: int, deleted: bool):
+    def _saw_worker(self, key: str, revision: int, deleted: bool, _value=None):
         if deleted:
             self.seen_workers.forget(key)
         else:
@@ -189,7 +191,8 @@ class Worker:
         for k, (owner, task) in list(self.owners.items()):
             if task.done():            # lost its lease (or failed for good): forget it
                 del self.owners[k]
-        mine = {k for k, w in assign(self.P, await self.live_workers()).items() if w == self.id}
+        live = await self.live_workers()
+        mine = {k for k, w in assign(self.P, live, self.leases.weights).items() if w == self.id}
         for k in set(self.owners) - mine:
             await self._drop(k)
         for k in sorted(mine - set(self.owners)):
