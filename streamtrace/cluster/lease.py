@@ -1,7 +1,7 @@
 """Partition ownership: leases in a KV bucket, compare-and-set on the KV revision.
 
-A lease is the key ``p.<k>`` holding {owner, epoch, ckpt, seq, sha, prev}: who owns partition
-k, how many owners it has had (the epoch, carried by every prediction), the checkpoint that
+A lease is the key ``p.<k>`` holding {owner, epoch, ckpt, seq, sha, prev, streams}: who owns partition
+k, how many streams it holds (the weight the assignment balances: assign.py), how many owners it has had (the epoch, carried by every prediction), the checkpoint that
 covers the log up to ``seq`` with the SHA-256 of its bytes, and the checkpoint committed
 before it (``prev``: {ckpt, seq, sha}), what a damaged checkpoint falls back to. Every write of an owner is ``update(last=revision)``: the
 server refuses it once anyone else wrote the key, so the KV revision is the fencing token and a
@@ -10,7 +10,9 @@ checkpoint commit by a worker that lost its lease while paused is refused, not a
 Expiry needs no shared clock: an owner counts its lease valid until (time it *sent* the last
 successful write) + 0.9 ttl; a contender counts it expired once the revision it *saw* has not
 changed for ttl by its own clock. The owner's window closes first, so it stops acting as
-owner (publishing, acking) before anyone can take over.
+owner (publishing, acking) before anyone can take over. The contender's clocks run for every
+partition all the time (``see``, fed by a watch on the bucket: watch.py), not only from when it
+first wants a partition.
 """
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass, field
+
+from .watch import Sightings
 
 __all__ = ["Lease", "LeaseTable", "lease_key", "LeaseLost"]
 
@@ -43,6 +47,7 @@ class Lease:
     ckpt_t: float = 0.0      # wall time of that checkpoint's commit (for `cluster status`)
     sha: str | None = None   # SHA-256 (hex) of the checkpoint's bytes
     prev: dict | None = None     # the checkpoint committed before: {ckpt, seq, sha}
+    streams: int = 0             # streams the partition holds (written with every renewal)
     # one write at a time: a renewal while a checkpoint commits in the background would name the
     # same revision, and the server would refuse the second as if the lease had been taken over
     lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False, compare=False)
@@ -56,11 +61,22 @@ class LeaseTable:
 
     def __init__(self, kv, worker: str, ttl_s: float, clock=time.monotonic):
         self.kv, self.worker, self.ttl, self.clock = kv, worker, ttl_s, clock
-        self.seen: dict[int, tuple[int, float]] = {}     # partition -> (revision, when first seen)
+        self.sightings = Sightings(ttl_s, clock)     # partition -> (revision, when first seen)
+        self.weights: dict[int, int] = {}              # partition -> streams, as its lease last said
 
     def forget_observations(self):
         """After a reconnect: nobody could renew while the broker was away, so restart the clocks."""
-        self.seen.clear()
+        self.sightings.forget()
+
+    def see(self, key: str, revision: int, value: bytes | None = None):
+        """A write of the lease ``key`` (``p.<k>``) seen by a watch: partition k's clock restarts
+        and its weight (streams) is noted."""
+        if key.startswith("p.") and key[2:].isdigit():
+            self.sightings.see(int(key[2:]), revision)
+            try:
+                self.weights[int(key[2:])] = int(json.loads(value)["streams"])
+            except (TypeError, ValueError, KeyError):
+                pass               # no value (a delete) or a lease written before weights
 
     async def read(self, k: int):
         """(revision, value) of partition k's lease, or (0, None) if never written."""
@@ -72,11 +88,7 @@ class LeaseTable:
         return e.revision, json.loads(e.value)
 
     def expired(self, k: int, revision: int, now: float) -> bool:
-        rev, first = self.seen.get(k, (None, None))
-        if rev != revision:
-            self.seen[k] = (revision, now)
-            return False
-        return now - first >= self.ttl
+        return self.sightings.expired(k, revision, now)
 
     async def try_acquire(self, k: int) -> Lease | None:
         """The lease if it is free, released or expired (and the compare-and-set wins)."""
@@ -89,14 +101,14 @@ class LeaseTable:
         new = {"owner": self.worker, "epoch": val["epoch"] + 1, "ckpt": val["ckpt"], "seq": val["seq"],
                "ckpt_t": val.get("ckpt_t", 0.0), "sha": val.get("sha"),
                "prev": val["prev"] if isinstance(val.get("prev"), dict) else None,
-               "prev_owner": val["owner"], "t": time.time()}
+               "prev_owner": val["owner"], "t": time.time(), "streams": val.get("streams", 0)}
         sent = self.clock()
         try:
             revision = await self.kv.update(lease_key(k), json.dumps(new).encode(), last=rev)
         except KeyWrongLastSequenceError:
             return None
         return Lease(k, new["epoch"], revision, sent + SAFETY * self.ttl, new["ckpt"], new["seq"], new["ckpt_t"],
-                     new["sha"], new["prev"])
+                     new["sha"], new["prev"], val.get("streams", 0))
 
     async def _write(self, lease: Lease, owner: str, ckpt: str | None, seq: int | None, sha: str | None = None):
         """ckpt / seq None: keep the lease's own, read under the lock (a commit may be changing them)."""
@@ -111,7 +123,7 @@ class LeaseTable:
         ckpt_t = time.time() if new_ckpt else lease.ckpt_t
         prev = {"ckpt": lease.ckpt, "seq": lease.seq, "sha": lease.sha} if new_ckpt and lease.ckpt else lease.prev
         val = {"owner": owner, "epoch": lease.epoch, "ckpt": ckpt, "seq": seq, "t": time.time(), "ckpt_t": ckpt_t,
-               "sha": sha, "prev": prev}
+               "sha": sha, "prev": prev, "streams": lease.streams}
         for _ in range(3):
             sent = self.clock()
             try:

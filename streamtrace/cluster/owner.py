@@ -85,6 +85,9 @@ class PartitionOwner:
         self.names, self.last_msg, self.since_ckpt = set(), None, 0
         self.applied, names = await _restore_verified(w, lease)
         self.names = set(names)
+        # the partition's weight, written with the next renewal: never below what the lease said (a
+        # checkpoint older than a stream's first step holds fewer; the replay brings it back)
+        self.lease.streams = max(self.lease.streams, len(self.names))
         self.answered = self.applied
         w.count("restores")
         await self._subscribe()
@@ -186,6 +189,7 @@ class PartitionOwner:
                       "client as a gap, not learned around)", self.k, stream, seq)
         if stream in self.w.stepper.streams():
             self.names.add(stream)
+            self.lease.streams = max(self.lease.streams, len(self.names))
         self.applied, self.last_msg = seq, msg
         self.since_ckpt += 1
         if not self.lease.valid(time.monotonic()):

@@ -5,7 +5,11 @@ Membership: each worker writes a heartbeat to ``st_workers`` every ``heartbeat_s
 is live while its heartbeat's revision keeps changing (by the observer's own clock) and gone
 once its key is deleted (SIGTERM) or silent for ``lease_ttl_s``. Every worker computes the
 same assignment from the live set; it releases what is no longer its own and takes what is
-and is free (released, or its lease expired).
+and is free (released, or its lease expired). The assignment evens out the streams too, by
+the count each lease carries (assign.py). Watches on both buckets (watch.py) start every
+heartbeat's and every lease's expiry clock at the write itself, and the loop wakes when the
+next one is due: a killed worker's partitions are taken over about one ttl after its last
+writes, not two.
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ from .assign import assign
 from .lease import LeaseLost, LeaseTable
 from .owner import PartitionOwner
 from .stepper import Stepper
+from .watch import Sightings, follow
 
 __all__ = ["Worker", "COUNTERS"]
 
@@ -51,7 +56,8 @@ class Worker:
         self.ckpt_every, self.ckpt_interval_s = ckpt_every, ckpt_interval_s
         self.leave_timeout_s = leave_timeout_s     # how long leaving retries its releases (then: the ttl)
         self.owners: dict[int, tuple[PartitionOwner, asyncio.Task]] = {}
-        self.seen_workers: dict[str, tuple[int, float]] = {}
+        self.seen_workers = Sightings(lease_ttl_s)     # heartbeat key -> (revision, when first seen)
+        self.watches: list[asyncio.Task] = []
         self.prometheus_port = prometheus_port
         self.stop_event: asyncio.Event | None = None
 
@@ -83,26 +89,48 @@ class Worker:
         self.workers_kv = await self.js.key_value(L.WORKERS)
         self.objects = await self.js.object_store(L.CHECKPOINTS)
         await self._heartbeat()
+        self.watches = [asyncio.create_task(follow(self.workers_kv, self._saw_worker)),
+                        asyncio.create_task(follow(self.leases.kv, lambda key, rev, _, value: self.leases.see(
+                            key, rev, value), values=True))]
         if on_ready:
             on_ready(self)
         try:
+            next_beat = 0.0
             while not self.stop_event.is_set():
                 try:
-                    await self._heartbeat()
+                    if time.monotonic() >= next_beat:
+                        next_beat = time.monotonic() + self.heartbeat_s
+                        await self._heartbeat()
                     await self._rebalance()
                 except Exception as e:  # noqa: BLE001 - broker away: keep trying, the owners stop on their own
                     log.info("worker %s: %s: %s", self.id, type(e).__name__, e)
                 try:
-                    await asyncio.wait_for(self.stop_event.wait(), self.heartbeat_s)
+                    await asyncio.wait_for(self.stop_event.wait(), self._until_next(next_beat))
                 except asyncio.TimeoutError:
                     pass
         finally:
+            for task in self.watches:
+                task.cancel()
             await self._leave()
         return 0
 
+    def _saw_worker(self, key: str, revision: int, deleted: bool, _value=None):
+        if deleted:
+            self.seen_workers.forget(key)
+        else:
+            self.seen_workers.see(key, revision)
+
+    def _until_next(self, next_beat: float) -> float:
+        """Seconds to sleep: until the next heartbeat, or sooner, just past the moment a
+        heartbeat or a lease seen so far expires (a takeover is then due)."""
+        now = time.monotonic()
+        due = [next_beat] + [d + 0.01 for d in (self.seen_workers.deadline(now), self.leases.sightings.deadline(now))
+                             if d is not None]
+        return min(max(min(due) - now, 0.01), self.heartbeat_s)
+
     async def _reconnected(self):
         self.leases.forget_observations()
-        self.seen_workers.clear()
+        self.seen_workers.forget()
 
     def request_stop(self):
         if self.stop_event is not None:
@@ -148,17 +176,14 @@ class Worker:
             keys = await self.workers_kv.keys()
         except NoKeysError:
             keys = []
-        now, live = time.monotonic(), {self.id}
+        live = {self.id}
         for key in keys:
             try:
                 rev = (await self.workers_kv.get(key)).revision
             except (KeyNotFoundError, KeyDeletedError):
                 continue
-            seen = self.seen_workers.get(key)
-            if seen is None or seen[0] != rev:
-                self.seen_workers[key] = (rev, now)
-                live.add(key)
-            elif now - seen[1] < self.lease_ttl:
+            now = time.monotonic()
+            if not self.seen_workers.expired(key, rev, now):
                 live.add(key)
         return live
 
@@ -166,7 +191,8 @@ class Worker:
         for k, (owner, task) in list(self.owners.items()):
             if task.done():            # lost its lease (or failed for good): forget it
                 del self.owners[k]
-        mine = {k for k, w in assign(self.P, await self.live_workers()).items() if w == self.id}
+        live = await self.live_workers()
+        mine = {k for k, w in assign(self.P, live, self.leases.weights).items() if w == self.id}
         for k in set(self.owners) - mine:
             await self._drop(k)
         for k in sorted(mine - set(self.owners)):

@@ -353,3 +353,30 @@ def test_a_server_beyond_loopback_needs_credentials():
         NatsServer(host="0.0.0.0")
     NatsServer(host="0.0.0.0", token="t")                 # constructed, not started
     NatsServer(host="0.0.0.0", allow_anonymous=True)      # allowed, logged loudly
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_assignment_evens_out_streams_hashed_unevenly(seed):
+    """20 streams land on 16 partitions at random (as the server's hash spreads names); after
+    the swaps the busiest of 3 workers carries at most 1.5x the streams of the least busy,
+    partition counts still within one, and every worker's view gives the same answer."""
+    rng = np.random.default_rng(seed)
+    weights = {}
+    for k in rng.integers(0, 16, 20):
+        weights[int(k)] = weights.get(int(k), 0) + 1
+    owner = assign(16, ["w0", "w1", "w2"], weights)
+    load = {w: sum(weights.get(k, 0) for k, x in owner.items() if x == w) for w in ("w0", "w1", "w2")}
+    counts = [sum(1 for x in owner.values() if x == w) for w in ("w0", "w1", "w2")]
+    assert sum(load.values()) == 20 and sorted(owner) == list(range(16))
+    assert max(load.values()) <= 1.5 * min(load.values()), (weights, load)
+    assert max(counts) - min(counts) <= 1
+    assert assign(16, ["w2", "w0", "w1"], dict(reversed(list(weights.items())))) == owner
+
+
+def test_balancing_moves_few_partitions():
+    """Weights only swap what they must: against the unweighted assignment at most a few of 64
+    partitions change hands (the unweighted one is already even by counts)."""
+    rng = np.random.default_rng(7)
+    weights = {int(k): int(v) for k, v in zip(range(64), rng.integers(0, 3, 64))}
+    plain, weighted = assign(64, ["a", "b", "c"]), assign(64, ["a", "b", "c"], weights)
+    assert sum(plain[k] != weighted[k] for k in range(64)) <= 8
