@@ -5,7 +5,9 @@ import brainstate
 
 # the tests live in folders by package; their shared helpers (engine_helpers, configs, paths, ...)
 # here, importable from every folder
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# (and the folders themselves: a test may take another's numpy oracle, e.g. test_lagged_rls.NpRLS)
+_TESTS = Path(__file__).resolve().parent
+sys.path[:0] = [str(_TESTS)] + sorted(str(p) for p in _TESTS.iterdir() if p.is_dir() and not p.name.startswith((".", "_")))
 import pytest
 
 
