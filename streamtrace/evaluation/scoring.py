@@ -47,6 +47,7 @@ class Result:
     label: str = ""
     us_median_step: float = float("nan")   # robust to a busy machine's stalls
     score: tuple[int, int] | None = None     # the steps [start, stop) scored: the last window or the task's span
+    screened: int = 0                        # steps the learner screened as outliers (their rows not scored)
     spans: dict[str, float] = field(default_factory=dict)              # NRMSE per named span
     persistence_spans: dict[str, float] = field(default_factory=dict)  # persistence's, on the same spans
     predictions: np.ndarray = field(default=None, repr=False)
@@ -112,7 +113,11 @@ def prequential(step_fn: StepFn, inputs, targets=None, *, window: int = 1000, na
 
     The contract for ``step_fn``: return the prediction made *before* learning from ``y_t``
     (a forecaster ignores ``y_t``: it arrives as the next input). Any learner fits, e.g. a
-    reservoirpy or river model wrapped as predict-then-learn."""
+    reservoirpy or river model wrapped as predict-then-learn. It may also return
+    ``(prediction, screened)``: ``screened`` true when the learner found the step's sample an
+    outlier (a glitch, ``learner/screen.py``); then the row whose target is that sample is not
+    scored, nor persistence from it (as ``serve``'s metrics and ``replay`` leave them out), and
+    ``Result.screened`` counts them."""
     if targets is None:
         series = np.asarray(inputs)
         inputs, targets, mode = series[:-1], series[1:], "forecast"
@@ -127,23 +132,47 @@ def prequential(step_fn: StepFn, inputs, targets=None, *, window: int = 1000, na
     spans = {k: _check_span(k, v, steps) for k, v in (spans or {}).items()}   # refused before the run
     preds = np.empty(targets.shape, np.float64)
     clock = time.perf_counter
-    times = np.empty(steps)
+    times, flags = np.empty(steps), np.zeros(steps, bool)
     for t in range(steps):
         x, y = inputs[t], targets[t]
         t0 = clock()
         p = step_fn(x, y)
         times[t] = clock() - t0
+        if isinstance(p, tuple):
+            p, flags[t] = p[0], bool(p[1])
         preds[t] = np.reshape(p, targets.shape[1:])
         if progress is not None:
             progress(t + 1, steps)
     naive = persistence(Task(name, mode, inputs, targets))
     run_times = times[1:]           # the first call compiles / allocates: not a step's cost
+    keep = ~_glitch_rows(flags, mode)
+    kept = lambda a, s, e: a[s:e][keep[s:e]]        # noqa: E731
     a, b = score
-    return Result(name, steps, b - a, nrmse(preds[a:b], targets[a:b]), mae(preds[a:b], targets[a:b]),
-                  float(run_times.mean() * 1e6), nrmse(naive[a:b], targets[a:b]),
+    return Result(name, steps, b - a, nrmse(kept(preds, a, b), kept(targets, a, b)),
+                  mae(kept(preds, a, b), kept(targets, a, b)), float(run_times.mean() * 1e6),
+                  nrmse(kept(naive, a, b), kept(targets, a, b)),
                   us_median_step=float(np.median(run_times) * 1e6), predictions=preds, targets=targets,
-                  score=score, spans={k: nrmse(preds[s:e], targets[s:e]) for k, (s, e) in spans.items()},
-                  persistence_spans={k: nrmse(naive[s:e], targets[s:e]) for k, (s, e) in spans.items()})
+                  score=score, screened=int(flags.sum()),
+                  spans={k: nrmse(kept(preds, s, e), kept(targets, s, e)) for k, (s, e) in spans.items()},
+                  persistence_spans={k: nrmse(kept(naive, s, e), kept(targets, s, e)) for k, (s, e) in spans.items()})
+
+
+def _glitch_rows(flags: np.ndarray, mode: str) -> np.ndarray:
+    """The rows not scored for the screened steps ``flags``: the row whose target is the
+    screened sample (forecast: the row before, whose target is this input; supervised: the row
+    itself) and the next one (persistence predicts it from the glitch).
+
+    >>> _glitch_rows(np.array([False, False, True, False]), "forecast").tolist()
+    [False, True, True, False]
+    >>> _glitch_rows(np.array([False, True, False, False]), "supervised").tolist()
+    [False, True, True, False]
+    """
+    bad = flags.copy()
+    if mode == "forecast":
+        bad[:-1] |= flags[1:]
+    else:
+        bad[1:] |= flags[:-1]
+    return bad
 
 
 # ---- streamtrace learners -----------------------------------------------------------------
@@ -216,11 +245,18 @@ def task_config(task: Task, config: dict | str | Path | None = None, seed: int |
 def learner_step_fn(learner, mode: str) -> StepFn:
     """Wrap an ``OnlineLearner`` as a prequential step: forecast mode learns from x_t (the
     target of its last prediction) and predicts x_{t+1}; supervised mode predicts y_t with
-    the pre-update weights and then learns from it."""
+    the pre-update weights and then learns from it. Returns (prediction, screened): whether
+    the screen found the step's sample an outlier."""
     dtype = learner.x_dtype
     if mode == "forecast":
-        return lambda x, y: learner.step(np.asarray(x, dtype)).prediction
-    return lambda x, y: learner.step(np.asarray(x, dtype), np.asarray(y, learner.y_dtype)).prediction
+        step = lambda x, y: learner.step(np.asarray(x, dtype))      # noqa: E731
+    else:
+        step = lambda x, y: learner.step(np.asarray(x, dtype), np.asarray(y, learner.y_dtype))  # noqa: E731
+
+    def scored(x, y):
+        r = step(x, y)
+        return r.prediction, bool(np.any(r.outlier))
+    return scored
 
 
 def evaluate(task: Task | str, config: dict | str | Path | None = None, *, steps: int | None = None,
@@ -249,6 +285,8 @@ def format_table(results: list[Result]) -> str:
     line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths))  # noqa: E731
     notes = [f"{r.task} {k}: nrmse {v:.5g}, persistence nrmse {r.persistence_spans.get(k, math.nan):.5g}"
              for r in results for k, v in r.spans.items()]
+    notes += [f"{r.task}: {r.screened} step(s) screened as outliers (glitches): their rows not scored"
+              for r in results if r.screened]
     return "\n".join([line(head), line(["-" * w for w in widths])] + [line(r) for r in rows] + notes)
 
 

@@ -223,3 +223,37 @@ def test_cli_steps_default_per_task_and_span_errors(monkeypatch, capsys):
     assert seen == {"delay-recall:20": 25000, "mackey-glass": 6000}
     assert main(["evaluate", "regime-switch", "--steps", "3000"]) == 2
     assert "needs steps >= 4500" in capsys.readouterr().err
+
+
+def test_screened_rows_are_left_out_of_the_score_by_hand():
+    """A step the learner screened: the row whose target is the glitch, and persistence's next
+    row, are not scored; the score is the hand-computed one over the rest."""
+    series = np.array([1.0, 2.0, 4.0, 1e40, 3.0, 5.0, 4.0, 6.0, 5.0])
+    inputs, targets = series[:-1, None], series[1:, None]
+    preds = np.array([1.5, 3.0, 3.5, 3.2, 4.0, 4.5, 5.5, 5.0])
+
+    def step(x, y, state={"t": 0}):
+        t = state["t"]
+        state["t"] += 1
+        return preds[t], bool(x[0] == 1e40)          # step 3 sees the glitch as its input
+    r = ev.prequential(step, inputs, targets, score=(0, 8), mode="forecast")
+    keep = [0, 1, 4, 5, 6, 7]                        # row 2's target is the glitch; row 3 is persistence from it
+    p, y = preds[keep], targets[keep, 0]
+    assert r.screened == 1
+    assert r.nrmse == pytest.approx(np.sqrt(np.mean((p - y) ** 2)) / y.std())
+    assert r.mae == pytest.approx(np.mean(np.abs(p - y)))
+    naive = np.r_[inputs[0, 0], targets[:-1, 0]][keep]
+    assert r.persistence_nrmse == pytest.approx(np.sqrt(np.mean((naive - y) ** 2)) / y.std())
+
+
+def test_evaluate_of_a_recording_with_a_glitch_scores_as_the_clean_one():
+    """The default learner on a Mackey-Glass recording with one 1e40 glitch in its scored rows:
+    the glitch is screened, counted and not scored, so the score matches the clean recording's."""
+    clean = ev.get_task("mackey-glass", 1500)
+    x = clean.inputs.copy()
+    x[1300] = 1e40
+    glitched = Task("mg-glitch", "forecast", x, np.r_[x[1:], clean.targets[-1:]])
+    a = ev.evaluate(clean, window=500)
+    b = ev.evaluate(glitched, window=500)
+    assert b.screened >= 1 and a.screened == 0
+    assert math.isfinite(b.nrmse) and b.nrmse <= 1.1 * a.nrmse
