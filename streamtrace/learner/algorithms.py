@@ -67,19 +67,21 @@ def d_rtrl(signal=None) -> Algorithm:
 
 
 def es_d_rtrl(decay: float | None = None, rank: int | None = None, signal=None) -> Algorithm:
-    """ES-D-RTRL (pp-prop): low-rank eligibility traces, with a decay or a rank.
+    """ES-D-RTRL (pp-prop): factored eligibility traces, one per input and one per output.
 
-    The traces are kept as a low-rank product (input traces and hidden-state traces) instead of
-    one value per weight: cheaper than ``d_rtrl`` for large layers, at the cost of a further
-    approximation. Use it when the layers are wide and memory per slot matters.
+    A weight's trace is kept as the product of a decaying trace of its inputs and a trace of
+    its outputs' effect on the hidden state: memory per weight grows with inputs + outputs
+    instead of inputs x outputs, cheaper than ``d_rtrl`` for wide layers, at the cost of a
+    further approximation (element-wise weights keep their exact trace). Use it when layers
+    are wide and memory or time per slot matters.
 
     Parameters
     ----------
     decay : float, optional
-        The traces' decay in (0, 1) (an exponential smoothing over about ``1 / (1 - decay)``
-        steps). Without decay or rank: 0.9.
+        The input trace's decay ``a`` in [0, 1) (it sums about the last ``1 / (1 - a)``
+        inputs). Give ``decay`` or ``rank``, not both; without either: 0.9.
     rank : int, optional
-        The rank of the approximation (instead of ``decay``).
+        The same setting as a count >= 1: ``decay = (rank - 1) / (rank + 1)``.
     signal : optional
         The learning signal; None (default): the exact one.
 
@@ -92,8 +94,8 @@ def es_d_rtrl(decay: float | None = None, rank: int | None = None, signal=None) 
     >>> import streamtrace as st
     >>> st.es_d_rtrl()
     Algorithm(name='es-d-rtrl', decay=0.9, rank=None, signal=None)
-    >>> st.es_d_rtrl(rank=2).rank
-    2
+    >>> st.es_d_rtrl(rank=3).rank
+    3
     """
     if decay is None and rank is None:
         decay = 0.9

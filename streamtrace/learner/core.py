@@ -715,7 +715,7 @@ class OnlineLearner:
         Returns
         -------
         dict
-            The checkpoint's header (its ``extra`` values among them).
+            The checkpoint's header; ``header["extra"]`` holds what ``save`` was given.
 
         Examples
         --------
@@ -724,11 +724,11 @@ class OnlineLearner:
         >>> L = st.OnlineLearner(model, np.zeros(1, np.float32))
         >>> import pathlib, tempfile
         >>> path = pathlib.Path(tempfile.mkdtemp()) / "learner.ckpt"
-        >>> _ = L.save(path)
+        >>> _ = L.save(path, extra={"note": "day 1"})
         >>> _ = L.step(np.ones(1, np.float32), np.ones(1, np.float32))
-        >>> _ = L.restore(path)
-        >>> L.stats()["step"]
-        0
+        >>> header = L.restore(path)
+        >>> L.stats()["step"], header["extra"]
+        (0, {'note': 'day 1'})
         """
         arrays, header = read_checkpoint(path, expect_signature=self.signature())
         self.load_state_dict(arrays)
