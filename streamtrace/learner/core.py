@@ -590,6 +590,7 @@ class OnlineLearner:
         >>> import numpy as np, streamtrace as st
         >>> model = st.nn.Stack("gru", n_in=1, n_hidden=4, n_out=1)
         >>> L = st.OnlineLearner(model, np.zeros(1, np.float32), slots=2)
+        >>> import jax
         >>> before = L.read_slot(0)["hidden"]
         >>> _ = L.step(np.ones((2, 1), np.float32), np.ones((2, 1), np.float32))
         >>> L.reset_slot(0)
