@@ -1,4 +1,4 @@
-"""Starting and stopping an engine in a child process: the toolkit shared by the commands, the
+r"""Starting and stopping an engine in a child process: the toolkit shared by the commands, the
 replay, bench/ and the end-to-end tests. (The echo server and round-trip timing are
 ``streamtrace.transport``'s.)
 

@@ -1,4 +1,21 @@
-"""Eligibility traces: the compiler (jaxpr analysis) and the algorithms built on it."""
+"""Eligibility traces: the compiler that reads a model's step, and the algorithms built on it.
+
+``compile_graph(model, x)`` traces one step of a model (its jaxpr) and decides, for every
+weight, how it learns online: an eligibility trace where its output drives a hidden state,
+an instant gradient where it only feeds the output; a model the algorithms cannot handle
+correctly raises ``CompileError``. The algorithms ``D_RTRL`` (a trace per weight),
+``ES_D_RTRL`` / ``pp_prop`` (low-rank traces) and ``RTRL`` (exact) are built on that graph,
+and learning signals (``RandomFeedback``, ``KappaFilter``, ``SignalChain``) change how the
+loss reaches the hidden state. ``OnlineLearner`` builds these for you from ``st.d_rtrl()``
+and the like; use this package to inspect a model or build an algorithm by hand.
+
+>>> import brainstate, jax.numpy as jnp, streamtrace as st
+>>> model = st.nn.Stack("gru", n_in=1, n_hidden=4, n_out=1)
+>>> _ = brainstate.nn.init_all_states(model)
+>>> graph = st.etrace.compile_graph(model, jnp.zeros(1))
+>>> graph.hidden_names, "cell.z.W" in graph.trace_params, "out.W" in graph.trace_params
+(('cell.h',), True, False)
+"""
 from .._imports import import_brainstate
 
 import_brainstate()     # before brainstate is first imported: without matplotlib (see _imports)

@@ -54,8 +54,35 @@ class Adam(optax.GradientTransformation):
 
 def adam(learning_rate: float = 1e-3, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
          eps_root: float = 0.0):
-    """``optax.adam(learning_rate, b1, b2, eps, eps_root)``, which the learner applies in place
-    (see the module). A learning-rate schedule gives plain ``optax.adam``."""
+    """Adam, as ``optax.adam``, which the learner applies in place (the default optimizer).
+
+    The same ``init``, ``update`` and state as ``optax.adam(learning_rate, b1, b2, eps,
+    eps_root)``, usable wherever an optax transform is; the learner steps it so that a value
+    whose update is not finite keeps its old value without extra copies (see the module). A
+    learning-rate schedule gives plain ``optax.adam``.
+
+    Parameters
+    ----------
+    learning_rate : float or optax schedule, default 1e-3
+        The step size.
+    b1, b2 : float, default 0.9, 0.999
+        The decay rates of the first and second moment estimates.
+    eps, eps_root : float, default 1e-8, 0.0
+        Added to the denominator outside and inside the square root.
+
+    Returns
+    -------
+    optax.GradientTransformation
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp, streamtrace as st
+    >>> opt = st.adam(0.1)
+    >>> params = {"w": jnp.ones(2)}
+    >>> updates, state = opt.update({"w": jnp.ones(2)}, opt.init(params), params)
+    >>> [round(float(u), 3) for u in updates["w"]]      # Adam's first step: -lr * sign(grad)
+    [-0.1, -0.1]
+    """
     inner = optax.adam(learning_rate, b1=b1, b2=b2, eps=eps, eps_root=eps_root)
     if callable(learning_rate):
         return inner

@@ -39,19 +39,94 @@ class Algorithm:
 
 
 def d_rtrl(signal=None) -> Algorithm:
-    """D-RTRL: diagonal traces, one per weight (the default)."""
+    """D-RTRL: one eligibility trace per weight (diagonal), the default algorithm.
+
+    Each weight keeps a trace of how the hidden state depends on it, updated every step, so the
+    gradient of the current loss is available online, without backpropagation through time. The
+    traces cost one value per weight per slot: cheap, and exact for element-wise recurrences
+    (an approximation where units are coupled through recurrent weights).
+
+    Parameters
+    ----------
+    signal : optional
+        The learning signal that carries the loss to the hidden state; None (default): the
+        exact one, or e.g. ``st.etrace.RandomFeedback``.
+
+    Returns
+    -------
+    Algorithm
+        A value for ``OnlineLearner(..., algorithm=...)``.
+
+    Examples
+    --------
+    >>> import streamtrace as st
+    >>> st.d_rtrl()
+    Algorithm(name='d-rtrl', decay=None, rank=None, signal=None)
+    """
     return Algorithm("d-rtrl", signal=signal)
 
 
 def es_d_rtrl(decay: float | None = None, rank: int | None = None, signal=None) -> Algorithm:
-    """ES-D-RTRL (pp-prop): low-rank traces; without decay or rank, decay 0.9."""
+    """ES-D-RTRL (pp-prop): factored eligibility traces, one per input and one per output.
+
+    A weight's trace is kept as the product of a decaying trace of its inputs and a trace of
+    its outputs' effect on the hidden state: memory per weight grows with inputs + outputs
+    instead of inputs x outputs, cheaper than ``d_rtrl`` for wide layers, at the cost of a
+    further approximation (element-wise weights keep their exact trace). Use it when layers
+    are wide and memory or time per slot matters.
+
+    Parameters
+    ----------
+    decay : float, optional
+        The input trace's decay ``a`` in [0, 1) (it sums about the last ``1 / (1 - a)``
+        inputs). Give ``decay`` or ``rank``, not both; without either: 0.9.
+    rank : int, optional
+        The same setting as a count >= 1: ``decay = (rank - 1) / (rank + 1)``.
+    signal : optional
+        The learning signal; None (default): the exact one.
+
+    Returns
+    -------
+    Algorithm
+
+    Examples
+    --------
+    >>> import streamtrace as st
+    >>> st.es_d_rtrl()
+    Algorithm(name='es-d-rtrl', decay=0.9, rank=None, signal=None)
+    >>> st.es_d_rtrl(rank=3).rank
+    3
+    """
     if decay is None and rank is None:
         decay = 0.9
     return Algorithm("es-d-rtrl", decay=decay, rank=rank, signal=signal)
 
 
 def rtrl(signal=None) -> Algorithm:
-    """RTRL: exact traces (costly: hidden x weights per slot)."""
+    """RTRL: exact eligibility traces (costly: hidden size x weights per slot).
+
+    Real-time recurrent learning keeps the full Jacobian of the hidden state with respect to
+    every weight, so the online gradient is exact. Its memory and time grow with hidden size
+    times the number of weights: use it for small models, or as the reference the
+    approximations are measured against.
+
+    Parameters
+    ----------
+    signal : optional
+        The learning signal; None (default): the exact one.
+
+    Returns
+    -------
+    Algorithm
+
+    Examples
+    --------
+    >>> import numpy as np, streamtrace as st
+    >>> model = st.nn.Stack("gru", n_in=1, n_hidden=4, n_out=1)
+    >>> learner = st.OnlineLearner(model, np.zeros(1, np.float32), algorithm=st.rtrl())
+    >>> learner.algo.name
+    'rtrl'
+    """
     return Algorithm("rtrl", signal=signal)
 
 

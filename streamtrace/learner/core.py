@@ -48,41 +48,56 @@ _LABEL_MESSAGES = {1: "no learning step {age} steps back (none yet, or it did no
 
 
 class OnlineLearner:
-    """Online learning, one step per call.
+    """Online learning, one step per call: predict, then learn from the target.
 
-    >>> learner = OnlineLearner(model, example_x, algorithm=st.d_rtrl(), optimizer=st.adam(1e-3))
-    >>> result = learner.step(x, y)          # predict x's target, then learn from y
+    A model (``st.nn``), an eligibility-trace algorithm, a loss and an optax optimizer,
+    compiled into one step function. Each ``step`` predicts from the newest sample and learns
+    from its target (or, in forecast mode, from the sample itself as the target of the last
+    prediction), so a stream is learnt as it arrives, with no replay and no batches. Use it for
+    real-time signals; ``slots`` runs many independent streams in the same call.
 
-    Each setting is a value, composed as optax composes (every keyword optional):
+    Parameters
+    ----------
+    model : brainstate.nn.Module
+        The network, stepped once per sample (e.g. ``st.nn.Stack("gru", n_in, n_hidden,
+        n_out)``); it returns one array, the prediction (or, with a ``readout``, features).
+    example_x : array_like
+        One sample's input (its shape and dtype are those of every later ``x``; without slots).
+    algorithm : Algorithm or str, default "d-rtrl"
+        ``d_rtrl()``, ``es_d_rtrl(decay=0.9, rank=None, signal=None)``, ``rtrl()``, one of
+        their names, or a factory ``(model, example_x) -> algorithm``.
+    loss : str or callable, default "mse"
+        A name from ``streamtrace.learner.LOSSES`` or a function ``(prediction, target)``.
+    optimizer : optax.GradientTransformation, optional
+        Default ``adam(1e-3)`` (optax's Adam, applied in place). Also
+        ``optax.chain(optax.clip_by_global_norm(c), adam(lr))``, ``param_groups(...)``
+        (settings per named group of weights) or ``frozen()`` (the weights never move).
+    mode : str, Supervised or Forecast, default "supervised"
+        "supervised" (a target with every x), "forecast" (x_t is the target of the prediction
+        made at t-1: learn from it, then predict x_{t+1}), "predict" (no learning; the state
+        still advances), or ``Supervised(...)`` / ``Forecast(...)`` for their options.
+    slots : int or Slots, optional
+        N independent streams in one call, each with its own hidden state and traces
+        (``Slots(N, shared=False)``: a model each). None: one stream, no slot axis.
+    transform : Transform, optional
+        The signal between the user's units and the model: ``chain(screen(), normalise(),
+        residual())`` and their parts, ``feedback()``.
+    readout : RLSReadout, optional
+        ``rls()``: a closed-form readout over the model's output features.
+    combine : Experts, optional
+        ``experts()``: mix the prediction with persistence, a running mean and a seasonal
+        naive forecast, weighted by their recent losses.
+    compile : CompileSettings, optional
+        ``CompileSettings(donate, standalone, batch_size)``: how the state crosses the
+        compiled call (below).
+    metrics : Metrics, optional
+        ``Metrics(window)``: the rolling prequential MSE / MAE / NRMSE of ``stats()["metrics"]``.
+    **old
+        The keywords before these values (decay, lr, clip, learn_every, shared_weights, ...)
+        still work for one release, with a DeprecationWarning naming the new form.
 
-    algorithm: ``d_rtrl()`` (the default; or its name "d-rtrl"), ``es_d_rtrl(decay=0.9,
-    rank=None, signal=None)``, ``rtrl()``, or a factory ``(model, example_x) -> algorithm``.
-    loss: a name from ``LOSSES`` or a function.
-    optimizer: an optax transform: ``adam(1e-3)`` (the default: optax's Adam, applied in place,
-    see learner/adam.py), ``optax.chain(optax.clip_by_global_norm(c), adam(lr))`` (global-norm
-    clipping, still in place), ``param_groups(...)`` (settings per named group) or ``frozen()``
-    (the model's weights never move: a fixed reservoir under the readout); learner/optimizers.py.
-    mode: "supervised" (target with x), "forecast" (x_t is the target of the prediction made at
-    t-1: learn from it, then predict x_{t+1}), "predict" (no learning; state still advances);
-    ``Supervised(learn_every=k)`` sums k steps' gradients into one optimizer update;
-    ``Forecast(channels, horizon, learn_every)``: forecast some input channels (the rest are
-    exogenous inputs) and/or several steps ahead.
-    slots: N runs N streams in one call, each with its own hidden state and traces;
-    ``Slots(N, shared=False)`` gives each slot its own model, ``Slots(N, reduce="sum")`` sums
-    the slots' losses for the shared model; ``step_slots(slots, x)`` steps a few of them only.
-    transform=chain(normalise(), residual()): the signal between the user's units and the
-    model; ``screen()`` first in the chain screens every input channel for outliers (a glitching
-    sensor's absurd value is neither learnt from nor scored; learner/screen.py).
-    readout=rls(): a closed-form readout over the model's output features (the model then
-    returns features, e.g. ``nn.Reservoir``). combine=experts(): what the user gets is an online
-    mixture of the model's prediction with persistence, a running mean and a seasonal naive
-    forecast, weighted by their recent losses (learner/experts.py).
-    compile: ``CompileSettings(donate, standalone, batch_size)``, below. metrics:
-    ``Metrics(window)``: ``stats()["metrics"]`` holds rolling prequential MSE / MAE / NRMSE per
-    slot, time constant ``window`` steps.
-    The keywords before these values (decay, lr, clip, learn_every, shared_weights, ...) still
-    work for one release, with a DeprecationWarning naming the new form (old_keywords.py).
-
+    Notes
+    -----
     Non-finite inputs/losses/gradients never reach the weights: the step is skipped for that
     slot and counted (``stats()``). A step that leaves any non-finite value in the state is
     undone, bit for bit, and counted (``stats()["rolled_back"]``, ``StepResult.rolled_back``;
@@ -95,6 +110,17 @@ class OnlineLearner:
     optimizer that updates in place (``adam``, the default); a plain learner with ``optax.adam``
     keeps its inputs (XLA would have to copy its guarded moments). Each was faster where it is
     on; the timings: docs/decisions/step-details.md.
+
+    Examples
+    --------
+    >>> import numpy as np, streamtrace as st
+    >>> model = st.nn.Stack("gru", n_in=1, n_hidden=4, n_out=1)
+    >>> learner = st.OnlineLearner(model, np.zeros(1, np.float32), algorithm=st.d_rtrl(),
+    ...                            optimizer=st.adam(1e-2), mode="forecast")
+    >>> for t in range(5):
+    ...     result = learner.step(np.array([np.sin(0.3 * t)], np.float32))
+    >>> result.prediction.shape, learner.stats()["step"]
+    ((1,), 5)
     """
 
     def __init__(self, model, example_x, *, algorithm="d-rtrl", loss="mse", optimizer=None, mode="supervised",
@@ -267,7 +293,19 @@ class OnlineLearner:
 
     @property
     def params(self) -> dict:
-        """Current weights, ``{parameter name: numpy array}`` (per-slot weights: slot axis first)."""
+        """The current weights, ``{parameter name: numpy array}``.
+
+        A copy (changing it changes nothing); with per-slot weights (``Slots(n,
+        shared=False)``) every array has the slot axis first.
+
+        Examples
+        --------
+        >>> import numpy as np, streamtrace as st
+        >>> model = st.nn.Stack("gru", n_in=1, n_hidden=4, n_out=1)
+        >>> L = st.OnlineLearner(model, np.zeros(1, np.float32))
+        >>> L.params["out.W"].shape, sorted(L.params)[:2]
+        ((4, 1), ['cell.n.W', 'cell.n.b'])
+        """
         named = self.layout.to_named(self.buffers, prefix="params")
         store = self.fns.store
         if store.separate:
@@ -301,7 +339,27 @@ class OnlineLearner:
         return self._expand(out)
 
     def stats(self) -> dict:
-        """Counters (summed over slots with per-slot weights) and per-slot prequential loss."""
+        """The learner's counters and scores, as a dict.
+
+        Counters (``step``, ``updates``, ``skipped``, ``rejected``, ``rolled_back``; summed over
+        slots with per-slot weights), ``prequential_loss`` per slot (the mean loss of each
+        prediction before it was learnt from) and ``metrics``: the rolling prequential
+        ``mse``, ``mae``, ``nrmse`` per slot (time constant ``Metrics(window)``), ``n`` scored.
+
+        Returns
+        -------
+        dict
+
+        Examples
+        --------
+        >>> import numpy as np, streamtrace as st
+        >>> model = st.nn.Stack("gru", n_in=1, n_hidden=4, n_out=1)
+        >>> L = st.OnlineLearner(model, np.zeros(1, np.float32))
+        >>> _ = L.step(np.ones(1, np.float32), np.ones(1, np.float32))
+        >>> s = L.stats()
+        >>> s["step"], s["updates"], s["prequential_loss"].shape, sorted(s["metrics"])[:3]
+        (1, 1, (1,), ['mae', 'mse', 'n'])
+        """
         named = self.layout.to_named(self.buffers, prefix="stats.")
         counters = named["stats.counters"].reshape(-1, len(COUNTERS))
         out = {name: int(counters[:, i].sum()) for i, name in enumerate(COUNTERS) if name != "since_update"}
@@ -352,15 +410,67 @@ class OnlineLearner:
         return mask
 
     def step(self, x, target=None, active=None, learn=None) -> StepResult:
-        """One step. Without slots: x of the example's shape. With slots: (N, *shape).
-        active (N,): which slots advance; learn (N,): which of them learn from this step."""
+        """One step: predict from ``x`` and learn from the target.
+
+        Parameters
+        ----------
+        x : array_like
+            The sample, of the example's shape; with slots (N, *shape).
+        target : array_like, optional
+            The target of this step's prediction (supervised mode; shape of the prediction,
+            with slots (N, ...)). None in forecast or predict mode, or with ``learn`` false.
+        active : array_like of bool, shape (N,), optional
+            Which slots advance (default all); the others stay as they are.
+        learn : array_like of bool, shape (N,), optional
+            Which of them learn from this step (default all).
+
+        Returns
+        -------
+        StepResult
+            ``prediction`` (user units), ``loss`` per slot, ``applied`` (an update was
+            made), ``outlier`` and ``rolled_back``.
+
+        Examples
+        --------
+        >>> import numpy as np, streamtrace as st
+        >>> model = st.nn.Stack("gru", n_in=1, n_hidden=4, n_out=1)
+        >>> L = st.OnlineLearner(model, np.zeros(1, np.float32))
+        >>> r = L.step(np.ones(1, np.float32), target=np.ones(1, np.float32))
+        >>> r.prediction.shape, r.loss.shape, bool(r.applied)
+        ((1,), (1,), True)
+        """
         learn = self._mask(learn, name="learn")
         x, y = self._check(x, target, learning=bool(learn.any()))
         self.buffers, vec = self.programs.step()(self.buffers, x, y, self._mask(active), learn)
         return self.programs.decode(np.asarray(vec))
 
     def step_many(self, xs, targets=None, active=None, learn=None) -> list[StepResult]:
-        """k pending steps in one call (a scan): the same result as k calls to ``step``."""
+        """``k`` pending steps in one call: the same results as ``k`` calls to ``step``.
+
+        A compiled scan over the steps (one call and one transfer instead of ``k``), for a
+        backlog of samples. Arguments as in ``step`` with a leading axis of length ``k``.
+
+        Parameters
+        ----------
+        xs : array_like, shape (k, ...)
+        targets : array_like, shape (k, ...), optional
+        active, learn : array_like of bool, shape (k, N), optional
+
+        Returns
+        -------
+        list of StepResult
+            One per step, in order.
+
+        Examples
+        --------
+        >>> import numpy as np, streamtrace as st
+        >>> model = st.nn.Stack("gru", n_in=1, n_hidden=4, n_out=1)
+        >>> L = st.OnlineLearner(model, np.zeros(1, np.float32))
+        >>> xs = np.ones((3, 1), np.float32)
+        >>> results = L.step_many(xs, targets=xs)
+        >>> len(results), L.stats()["step"]
+        (3, 3)
+        """
         xs = np.asarray(xs)
         k = xs.shape[0]
         learn = self._mask(learn, lead=(k,), name="learn")
@@ -370,9 +480,35 @@ class OnlineLearner:
         return [self.programs.decode(v) for v in per]
 
     def step_slots(self, slots, x, target=None, active=None, learn=None) -> StepResult:
-        """One step of the given slots only (distinct indices); x (m, *shape), target,
-        active and learn (m,) in their order. The other slots stay as they are, and the call
-        costs m slots, not N. Results (prediction, loss, applied) are in the order of ``slots``."""
+        """One step of the given slots only; the others stay as they are.
+
+        The call costs m slots, not N: for a learner with many streams of which a few have
+        new samples.
+
+        Parameters
+        ----------
+        slots : sequence of int
+            Distinct slot indices, 0..N-1 (m of them).
+        x : array_like, shape (m, ...)
+            Their samples, in the order of ``slots``.
+        target : array_like, shape (m, ...), optional
+        active, learn : array_like of bool, shape (m,), optional
+            As in ``step``, in the order of ``slots``.
+
+        Returns
+        -------
+        StepResult
+            Prediction, loss and applied in the order of ``slots``.
+
+        Examples
+        --------
+        >>> import numpy as np, streamtrace as st
+        >>> model = st.nn.Stack("gru", n_in=1, n_hidden=4, n_out=1)
+        >>> L = st.OnlineLearner(model, np.zeros(1, np.float32), slots=2)
+        >>> r = L.step_slots([1], np.ones((1, 1), np.float32), np.ones((1, 1), np.float32))
+        >>> r.prediction.shape, bool(L.stats()["prequential_loss"][0] == 0)
+        ((1, 1), True)
+        """
         if self.slots is None:
             raise ValueError("step_slots needs a learner with slots")
         idx = np.asarray(slots)
@@ -388,10 +524,38 @@ class OnlineLearner:
         return self.programs.decode(rows[0], m=m)
 
     def label(self, y, age: int = 0, slot: int | None = None) -> LabelResult:
-        """The target of the step ``age`` steps before ``slot``'s latest (0: the latest), with
-        ``Supervised(label_delay=d)``: its gradient, kept since that step, is applied now.
-        Raises ``LabelError`` (code unknown_label, label_too_late, already_labelled,
-        not_finite, bad_shape) and then changes nothing."""
+        """Give a step's target later: learn from it now.
+
+        With ``mode=Supervised(label_delay=d)`` a step takes no target; its gradient is kept,
+        and the target of the step ``age`` steps before ``slot``'s latest (0: the latest,
+        up to d - 1) arrives here, when it is known. Raises ``LabelError`` (code
+        unknown_label, label_too_late, already_labelled, not_finite, bad_shape) and then
+        changes nothing.
+
+        Parameters
+        ----------
+        y : array_like
+            The target, of the prediction's shape (one slot's).
+        age : int, default 0
+            How many steps before the slot's latest step the labelled one was.
+        slot : int, optional
+            The slot (needed with slots).
+
+        Returns
+        -------
+        LabelResult
+            ``loss`` of that step's prediction and ``applied``.
+
+        Examples
+        --------
+        >>> import numpy as np, streamtrace as st
+        >>> model = st.nn.Stack("gru", n_in=1, n_hidden=4, n_out=1)
+        >>> L = st.OnlineLearner(model, np.zeros(1, np.float32), mode=st.Supervised(label_delay=2))
+        >>> _ = L.step(np.ones(1, np.float32))
+        >>> _ = L.step(np.zeros(1, np.float32))
+        >>> bool(L.label(np.ones(1, np.float32), age=1).applied)
+        True
+        """
         if not self.label_delay:
             raise ValueError("label() needs mode=Supervised(label_delay=d) with d >= 1")
         i = np.int32(0) if self.slots is None and slot is None else self._slot_index(slot)
@@ -411,8 +575,29 @@ class OnlineLearner:
         return LabelResult(float(loss), bool(applied))
 
     def reset_slot(self, slot: int):
-        """A stream left and another joins: fresh hidden state and traces for ``slot`` (and,
-        with per-slot weights, fresh weights); other slots are untouched."""
+        """A stream left and another joins: start ``slot`` afresh.
+
+        Fresh hidden state and traces for ``slot`` (and, with per-slot weights, fresh
+        weights); the other slots are untouched.
+
+        Parameters
+        ----------
+        slot : int
+            The slot index, 0..N-1.
+
+        Examples
+        --------
+        >>> import numpy as np, streamtrace as st
+        >>> model = st.nn.Stack("gru", n_in=1, n_hidden=4, n_out=1)
+        >>> L = st.OnlineLearner(model, np.zeros(1, np.float32), slots=2)
+        >>> import jax
+        >>> before = L.read_slot(0)["hidden"]
+        >>> _ = L.step(np.ones((2, 1), np.float32), np.ones((2, 1), np.float32))
+        >>> L.reset_slot(0)
+        >>> all(np.array_equal(a, b) for a, b in zip(jax.tree_util.tree_leaves(before),
+        ...                                          jax.tree_util.tree_leaves(L.read_slot(0)["hidden"])))
+        True
+        """
         self.buffers = self.programs.reset()(self.buffers, self._slot_index(slot))
 
     def _slot_index(self, slot: int) -> np.int32:
@@ -423,14 +608,53 @@ class OnlineLearner:
         return np.int32(slot)
 
     def read_slot(self, slot: int) -> dict:
-        """One slot's state as numpy arrays (hidden state, traces, pending forecast input,
-        loss; with per-slot weights also its weights, optimizer state and counters), to be
-        put back later with ``write_slot``, into this slot or another."""
+        """One slot's state, to be put back later with ``write_slot``.
+
+        Its hidden state, traces, pending forecast input and loss (with per-slot weights
+        also its weights, optimizer state and counters), as a dict of numpy arrays: to park
+        a stream that pauses, or move it to another slot.
+
+        Parameters
+        ----------
+        slot : int
+            The slot index, 0..N-1.
+
+        Returns
+        -------
+        dict
+
+        Examples
+        --------
+        >>> import numpy as np, streamtrace as st
+        >>> model = st.nn.Stack("gru", n_in=1, n_hidden=4, n_out=1)
+        >>> L = st.OnlineLearner(model, np.zeros(1, np.float32), slots=2)
+        >>> sorted(L.read_slot(0))
+        ['hidden', 'rollback', 'stats', 'traces']
+        """
         i = self._slot_index(slot)
         return jax.device_get(self.programs.read_slot()(self.buffers, i))
 
     def write_slot(self, slot: int, part: dict):
-        """Replace ``slot``'s state with ``part`` (from ``read_slot``); other slots are untouched."""
+        """Replace ``slot``'s state with ``part``; the other slots are untouched.
+
+        Parameters
+        ----------
+        slot : int
+            The slot index, 0..N-1.
+        part : dict
+            A slot's state from ``read_slot`` of this learner (any slot).
+
+        Examples
+        --------
+        >>> import numpy as np, streamtrace as st
+        >>> model = st.nn.Stack("gru", n_in=1, n_hidden=4, n_out=1)
+        >>> L = st.OnlineLearner(model, np.zeros(1, np.float32), slots=2)
+        >>> _ = L.step(np.ones((2, 1), np.float32), np.ones((2, 1), np.float32))
+        >>> L.write_slot(1, L.read_slot(0))
+        >>> r = L.step(np.ones((2, 1), np.float32), np.ones((2, 1), np.float32))
+        >>> bool(r.prediction[0, 0] == r.prediction[1, 0])
+        True
+        """
         i = self._slot_index(slot)
         program = self.programs.write_slot()
         want = self.programs.slot_struct()
@@ -454,11 +678,59 @@ class OnlineLearner:
                 "state_dict": self._state_dict_signature}
 
     def save(self, path, extra: dict | None = None):
-        """Write the whole state atomically to ``path`` (temp file + fsync + rename)."""
+        """Write the whole learner state to a checkpoint file, atomically.
+
+        Weights, optimizer state, traces, hidden states and counters, written to a temporary
+        file, synced and renamed over ``path``: a crash leaves the old file or the new one.
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+            The checkpoint file.
+        extra : dict, optional
+            JSON-able values stored in the header (``restore`` returns them).
+
+        Examples
+        --------
+        >>> import numpy as np, streamtrace as st
+        >>> model = st.nn.Stack("gru", n_in=1, n_hidden=4, n_out=1)
+        >>> L = st.OnlineLearner(model, np.zeros(1, np.float32))
+        >>> import pathlib, tempfile
+        >>> path = pathlib.Path(tempfile.mkdtemp()) / "learner.ckpt"
+        >>> _ = L.save(path, extra={"note": "day 1"})
+        >>> path.exists()
+        True
+        """
         return write_checkpoint(path, self.state_dict(), self.signature(), extra)
 
     def restore(self, path) -> dict:
-        """Load a checkpoint written by ``save``; refuses other models or corrupted files."""
+        """Load a checkpoint written by ``save``: the learner continues exactly from it.
+
+        Refuses (``CheckpointError``) a file of another model or settings, or a corrupted one.
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+            A file written by ``save`` of a learner built the same way.
+
+        Returns
+        -------
+        dict
+            The checkpoint's header; ``header["extra"]`` holds what ``save`` was given.
+
+        Examples
+        --------
+        >>> import numpy as np, streamtrace as st
+        >>> model = st.nn.Stack("gru", n_in=1, n_hidden=4, n_out=1)
+        >>> L = st.OnlineLearner(model, np.zeros(1, np.float32))
+        >>> import pathlib, tempfile
+        >>> path = pathlib.Path(tempfile.mkdtemp()) / "learner.ckpt"
+        >>> _ = L.save(path, extra={"note": "day 1"})
+        >>> _ = L.step(np.ones(1, np.float32), np.ones(1, np.float32))
+        >>> header = L.restore(path)
+        >>> L.stats()["step"], header["extra"]
+        (0, {'note': 'day 1'})
+        """
         arrays, header = read_checkpoint(path, expect_signature=self.signature())
         self.load_state_dict(arrays)
         return header

@@ -217,7 +217,40 @@ def _flat(a):
 
 def experts(period: int | None = None, *, eta: float = 8.0, window: int = 500, clip: float = 4.0,
             max_period: int | None = None) -> Experts:
-    """Mix the model's forecast with persistence, a running mean and (with ``period``, or a
-    period detected in 2..``max_period``) the seasonal naive forecast, weighted by their recent
-    losses (see ``Experts``)."""
+    """Mix the model's forecast with simple experts, weighted by their recent losses.
+
+    The prediction a user gets is an online weighted average (exponentially weighted forecaster)
+    of the model's prediction, persistence (the last value), a running mean and, with a season,
+    the seasonal naive forecast and a seasonal linear one. Weights follow each expert's recent
+    prequential loss, so the mixture is never much worse than the best of them: a young model
+    does no harm, and a seasonal stream gets a seasonal forecast from the first season on.
+
+    Parameters
+    ----------
+    period : int, optional
+        A known season length in steps (>= 2). Not with ``max_period``.
+    eta : float, default 8.0
+        The learning rate of the weights (> 0): larger follows the best expert faster.
+    window : int, default 500
+        The forgetting of the losses and the running mean's time constant, in steps.
+    clip : float, default 4.0
+        The bound on a step's loss, in squared standard deviations of the target.
+    max_period : int, optional
+        Detect the season online in 2..``max_period`` steps instead of giving it.
+
+    Returns
+    -------
+    Experts
+
+    Examples
+    --------
+    >>> import numpy as np, streamtrace as st
+    >>> model = st.nn.Stack("gru", n_in=1, n_hidden=4, n_out=1)
+    >>> learner = st.OnlineLearner(model, np.zeros(1, np.float32), mode="forecast",
+    ...                            combine=st.experts(period=4))
+    >>> for t in range(12):
+    ...     r = learner.step(np.array([t % 4], np.float32))
+    >>> round(float(r.prediction[0]), 1)        # after 0, 1, 2, 3, 0, ...: the seasonal value
+    0.0
+    """
     return Experts(period, eta=eta, window=window, clip=clip, max_period=max_period)

@@ -68,6 +68,31 @@ class Feedback(Transform):
 
 
 def feedback(lags: int = 1, size: int | None = None) -> Feedback:
-    """Feed the last ``lags`` supervised targets back as inputs (see ``Feedback``); ``size``: the
-    values per target, when the learner cannot take it from the readout (``rls(n_out)``)."""
+    """Feed the last ``lags`` supervised targets back as model inputs (output feedback).
+
+    In supervised mode the target of step t-1 is known when sample t arrives; the model's input
+    becomes ``[x_t, y_{t-1}, ..., y_{t-lags}]`` (per slot; zeros before a slot has targets),
+    as in an autoregressive model or an echo-state network with output feedback. The model must
+    take ``n_in + lags * n_out`` inputs. Put it last in a ``chain``.
+
+    Parameters
+    ----------
+    lags : int, default 1
+        How many past targets are fed back.
+    size : int, optional
+        The values per target, when the learner cannot take it from the readout
+        (``rls(n_out)``) or the model's output.
+
+    Returns
+    -------
+    Feedback
+
+    Examples
+    --------
+    >>> import numpy as np, streamtrace as st
+    >>> model = st.nn.Stack("gru", n_in=1 + 2, n_hidden=4, n_out=1)     # x and 2 past targets
+    >>> learner = st.OnlineLearner(model, np.zeros(1, np.float32), transform=st.feedback(lags=2, size=1))
+    >>> learner.step(np.ones(1, np.float32), np.ones(1, np.float32)).prediction.shape
+    (1,)
+    """
     return Feedback(lags, size)

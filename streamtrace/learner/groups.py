@@ -75,8 +75,37 @@ def _labels(groups: dict, params):
 
 
 def param_groups(**groups) -> ParamGroups:
-    """``name=(pattern, transform)``; transform None freezes the group (see module doc): an
-    optax transform over ``{parameter name: array}``, stored by the learner a block per group."""
+    """Optimizer settings per named group of weights.
+
+    Each group is ``name=(pattern, transform)``: an ``fnmatch`` pattern over the parameter names
+    (``learner.params``) and an optax transform, or None to freeze the group. The first group
+    whose pattern matches takes a weight. Use it for a faster readout than the recurrent
+    layers, or a frozen input layer.
+
+    Parameters
+    ----------
+    **groups : tuple of (str, optax.GradientTransformation or None)
+        The groups, in order of precedence; every weight must match one.
+
+    Returns
+    -------
+    ParamGroups
+        An optax transform over ``{parameter name: array}`` (optax's ``multi_transform``),
+        which the learner stores a block per group.
+
+    Examples
+    --------
+    >>> import numpy as np, streamtrace as st
+    >>> groups = st.param_groups(readout=("out.*", st.adam(1e-2)), fixed=("cell.n.*", None),
+    ...                          rest=("*", st.adam(1e-3)))
+    >>> model = st.nn.Stack("gru", n_in=1, n_hidden=4, n_out=1)
+    >>> learner = st.OnlineLearner(model, np.zeros(1, np.float32), optimizer=groups)
+    >>> before = learner.params
+    >>> _ = learner.step(np.ones(1, np.float32), np.ones(1, np.float32))
+    >>> after = learner.params
+    >>> bool((after["out.b"] != before["out.b"]).all()), bool((after["cell.n.W"] == before["cell.n.W"]).all())
+    (True, True)
+    """
     return ParamGroups(groups)
 
 

@@ -17,10 +17,30 @@ def _check_every(learn_every, where):
 
 @dataclass(frozen=True)
 class Supervised:
-    """Supervised mode (a target with every x) with options: ``learn_every`` k sums k steps'
-    gradients into one optimizer update; ``label_delay`` d >= 1: the target may come while at
-    most d - 1 later steps have run (``age`` 0..d-1), through ``OnlineLearner.label``
-    (learner/labels.py, docs/labels.md)."""
+    """Supervised mode with options: a target comes with every ``x`` (or later, by ``label``).
+
+    The plain name ``mode="supervised"`` is ``Supervised()``. Use the options to update the
+    weights less often, or when targets arrive some steps after their inputs (a label that
+    needs a human or a slow measurement).
+
+    Parameters
+    ----------
+    learn_every : int, default 1
+        k >= 1: the gradients of k steps are summed into one optimizer update (every step
+        still learns traces and is scored).
+    label_delay : int, default 0
+        d >= 1: a step takes no target; it comes later through ``OnlineLearner.label`` while at
+        most d - 1 later steps have run (``age`` 0..d-1). Needs ``learn_every=1``, a model that
+        learns, and no transform, readout or combine (docs/labels.md).
+
+    Examples
+    --------
+    >>> import streamtrace as st
+    >>> st.Supervised(learn_every=4)
+    Supervised(learn_every=4, label_delay=0)
+    >>> st.Supervised(label_delay=3).label_delay
+    3
+    """
     learn_every: int = 1
     label_delay: int = 0
 
@@ -35,12 +55,37 @@ class Supervised:
 
 @dataclass(frozen=True)
 class Forecast:
-    """Forecast mode with options: ``channels`` the input channels to predict (the others are
-    exogenous inputs; None: all), ``horizon`` how many steps ahead each step predicts (the
-    model is run forward on its own predictions inside the step; learning uses step one),
-    ``learn_every`` k sums k steps' gradients into one optimizer update; ``before_update``:
-    predict with the weights (model and readout) as they were before this step's update
-    (from the newest input), so the prediction does not wait for the update."""
+    """Forecast mode with options: each input is the target of the prediction made before it.
+
+    The plain name ``mode="forecast"`` is ``Forecast()``: predict every input channel one step
+    ahead. Use the options to forecast some channels from others (exogenous inputs), several
+    steps ahead, or to update less often.
+
+    Parameters
+    ----------
+    channels : tuple of int, optional
+        The input channels to predict (distinct indices); the others are exogenous inputs.
+        None (default): all of them.
+    horizon : int, default 1
+        How many steps ahead each step predicts: the model is run forward on its own
+        predictions inside the step; learning uses the first step.
+    learn_every : int, default 1
+        k >= 1: the gradients of k steps are summed into one optimizer update.
+    before_update : bool, default False
+        Predict with the weights (model and readout) as they were before this step's update,
+        from the newest input, so that the prediction does not wait for the update.
+
+    Examples
+    --------
+    >>> import numpy as np, streamtrace as st
+    >>> mode = st.Forecast(channels=[0], horizon=2)
+    >>> mode
+    Forecast(channels=(0,), horizon=2, learn_every=1, before_update=False)
+    >>> model = st.nn.Stack("gru", n_in=2, n_hidden=4, n_out=1)
+    >>> learner = st.OnlineLearner(model, np.zeros(2, np.float32), mode=mode)
+    >>> learner.step(np.ones(2, np.float32)).prediction.shape    # 2 steps ahead of channel 0
+    (2, 1)
+    """
     channels: tuple | None = None
     horizon: int = 1
     learn_every: int = 1

@@ -86,5 +86,37 @@ class Normalise(Transform):
 
 
 def normalise(warmup: int = 100, rate: float = 0.0, eps: float = 1e-8) -> Normalise:
-    """Causal per-channel standardisation of inputs and targets (see ``Normalise``)."""
+    """Causal per-channel standardisation of inputs and targets.
+
+    The statistics used for a sample are those of the samples before it: a running mean and
+    variance (Welford) over the first ``warmup`` samples, then frozen (``rate=0``) or tracked as
+    an exponential average. The model then sees values of about unit scale whatever the
+    sensor's units, and predictions are mapped back to them. The learner does not learn from a
+    slot until its warm-up is over.
+
+    Parameters
+    ----------
+    warmup : int, default 100
+        Samples (steps) whose mean and variance are taken before learning starts.
+    rate : float, default 0.0
+        After the warm-up: 0 freezes the statistics, a value in (0, 1) tracks them with time
+        constant ``1 / rate`` steps.
+    eps : float, default 1e-8
+        Added to the variance (a constant channel is not divided by zero).
+
+    Returns
+    -------
+    Normalise
+
+    Examples
+    --------
+    >>> import numpy as np, streamtrace as st
+    >>> model = st.nn.Stack("gru", n_in=1, n_hidden=4, n_out=1)
+    >>> learner = st.OnlineLearner(model, np.zeros(1, np.float32), mode="forecast",
+    ...                            transform=st.normalise(warmup=5))
+    >>> for t in range(8):
+    ...     r = learner.step(np.array([1000.0 + 10 * np.sin(t)], np.float32))
+    >>> learner.stats()["updates"] > 0, bool(abs(r.prediction[0] - 1000) < 50)   # in the sensor's units
+    (True, True)
+    """
     return Normalise(warmup, rate, eps)

@@ -30,7 +30,28 @@ class Frozen(optax.GradientTransformation):
 
 
 def frozen() -> Frozen:
-    """The model's weights never move (a fixed reservoir under a readout)."""
+    """An optimizer that never moves the model's weights.
+
+    Use it for a fixed model under a learned readout (a reservoir with ``rls()``): the weights
+    get no trace and no update, and the learner spends no optimizer work on them. (To freeze
+    only some weights, use ``param_groups`` with a group whose transform is None.)
+
+    Returns
+    -------
+    optax.GradientTransformation
+        Its updates are zeros (``optax.set_to_zero``).
+
+    Examples
+    --------
+    >>> import numpy as np, streamtrace as st
+    >>> learner = st.OnlineLearner(st.nn.Reservoir(1, 8), np.zeros(1, np.float32), mode="forecast",
+    ...                            optimizer=st.frozen(), readout=st.rls())
+    >>> before = learner.params
+    >>> for t in range(3):
+    ...     _ = learner.step(np.array([np.sin(t)], np.float32))
+    >>> all(np.array_equal(before[k], v) for k, v in learner.params.items())
+    True
+    """
     inner = optax.set_to_zero()
     return Frozen(inner.init, inner.update)
 

@@ -28,5 +28,24 @@ class Residual(Transform):
 
 
 def residual() -> Residual:
-    """Predict the change from the last value (forecast mode)."""
+    """Residual forecasting: the model predicts the change from the last value.
+
+    The prediction is the last value of each forecast channel plus the model's output, so a
+    slowly varying signal asks the model for a small correction instead of the whole level, and
+    a model that has learnt nothing predicts persistence. Forecast mode only.
+
+    Returns
+    -------
+    Residual
+
+    Examples
+    --------
+    >>> import numpy as np, streamtrace as st
+    >>> model = st.nn.Stack("gru", n_in=1, n_hidden=4, n_out=1)
+    >>> learner = st.OnlineLearner(model, np.zeros(1, np.float32), mode="forecast",
+    ...                            transform=st.residual())
+    >>> r = learner.step(np.array([50.0], np.float32))
+    >>> bool(abs(r.prediction[0] - 50.0) < 1)        # about the last value
+    True
+    """
     return Residual()

@@ -108,7 +108,43 @@ class RLSReadout:
 
 def rls(n_out: int | None = None, *, lam: float = 1.0, delta=1e-4, use_input: bool = True,
         bias: bool = True, select_window: int = 100) -> RLSReadout:
-    """An RLS readout over the model's output features (see ``RLSReadout``); ``n_out`` defaults
-    to the forecast channels in forecast mode; ``delta`` a value or several to choose from."""
+    """A recursive-least-squares readout over the model's output features.
+
+    The readout ``y = [h, x, 1] W`` is solved exactly online (each slot its own W and inverse
+    covariance P), so a fixed model (``nn.Reservoir`` with ``frozen()``) learns in closed form,
+    or a learning model gets its readout solved while the traces train the features under it.
+    Several ``delta`` values: one readout each, and each step predicts with the one of lowest
+    recent error.
+
+    Parameters
+    ----------
+    n_out : int, optional
+        The target's size; in forecast mode the forecast channels (default).
+    lam : float, default 1.0
+        Forgetting factor in (0, 1]; 1 remembers everything, 0.999 about the last 1000 steps.
+    delta : float or sequence of float, default 1e-4
+        The ridge: P starts at I / delta (larger: stronger regularisation); several to choose
+        from.
+    use_input : bool, default True
+        Append the (transformed) input x to the features.
+    bias : bool, default True
+        Append a constant 1 to the features.
+    select_window : int, default 100
+        Steps (time constant) of the recent error by which one of several ``delta`` is chosen.
+
+    Returns
+    -------
+    RLSReadout
+
+    Examples
+    --------
+    >>> import numpy as np, streamtrace as st
+    >>> learner = st.OnlineLearner(st.nn.Reservoir(1, 8), np.zeros(1, np.float32), mode="forecast",
+    ...                            optimizer=st.frozen(), readout=st.rls(delta=[1e-4, 0.1]))
+    >>> for t in range(50):
+    ...     r = learner.step(np.array([np.sin(0.3 * t)], np.float32))
+    >>> float(learner.stats()["metrics"]["mae"][0]) < 0.2
+    True
+    """
     return RLSReadout(n_out, lam=lam, delta=delta, use_input=use_input, bias=bias,
                       select_window=select_window)

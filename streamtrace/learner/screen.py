@@ -126,22 +126,40 @@ class Screen(Transform):
 
 def screen(policy: str = "skip", *, threshold: float = 30.0, rate: float = 0.01, growth: float = 1.5,
            warmup: int = 4, ranges=None) -> Screen:
-    """Outlier screening of a learner's input channels, the first of its transforms
-    (``OnlineLearner(..., transform=chain(screen(), normalise(), residual()))``).
+    """Outlier screening of a learner's input channels, the first of its transforms.
 
-    Parameters:
-        policy: "skip" (an outlier is replaced by the learner's forecast of it, or the channel's
-            last good value, and the slot neither learns from nor is scored on that step) or
-            "clip" (clipped to the limit, and learnt from).
-        threshold: how many running mean absolute deviations from the running location a value
-            may be (30 by default: no false alarm on the quality benchmark's series, measured).
-        rate: the running statistics' rate (time constant ``1 / rate`` steps).
-        growth: how fast a channel's limit widens while it keeps being an outlier (> 1).
-        warmup: samples a channel takes as they come before it is screened (hard ranges apply
-            from the first).
-        ranges: hard limits in the stream's units, ``(lo, hi)`` for every channel or one pair
-            per channel; a value outside is always an outlier.
+    Every channel keeps a running location and mean absolute deviation; a value too far from
+    them (or outside the hard ``ranges``) is an outlier, counted in ``stats()["outliers"]`` and
+    ``StepResult.outlier``. Use it for sensors that glitch: an absurd value is then neither
+    learnt from nor scored. ``OnlineLearner(..., transform=chain(screen(), normalise(),
+    residual()))``.
 
+    Parameters
+    ----------
+    policy : {"skip", "clip"}, default "skip"
+        "skip": an outlier is replaced by the learner's forecast of it (or the channel's last
+        good value), and the slot neither learns from nor is scored on that step. "clip": it is
+        clipped to the limit, and learnt from.
+    threshold : float, default 30.0
+        How many running mean absolute deviations from the running location a value may be
+        (30: no false alarm on the quality benchmark's series, measured).
+    rate : float, default 0.01
+        The running statistics' rate (time constant ``1 / rate`` steps).
+    growth : float, default 1.5
+        How fast a channel's limit widens while it keeps being an outlier (> 1).
+    warmup : int, default 4
+        Samples a channel takes as they come before it is screened (hard ranges apply from the
+        first).
+    ranges : tuple or list of tuples, optional
+        Hard limits in the stream's units: ``(lo, hi)`` for every channel or one pair per
+        channel; a value outside is always an outlier.
+
+    Returns
+    -------
+    Screen
+
+    Examples
+    --------
     >>> import numpy as np, streamtrace as st
     >>> model = st.nn.Stack("gru", n_in=1, n_hidden=4, n_out=1)
     >>> learner = st.OnlineLearner(model, np.zeros(1, np.float32), mode="forecast",

@@ -9,9 +9,31 @@ __all__ = ["Slots", "CompileSettings", "Metrics"]
 
 @dataclass(frozen=True)
 class Slots:
-    """``n`` streams stepped in one call, each with its own hidden state and traces.
-    ``shared``: one model for all of them (else a model each); ``reduce``: how the slots'
-    losses combine into the shared model's gradient ("mean" or "sum")."""
+    """Many independent streams in one learner: ``n`` slots stepped in one compiled call.
+
+    Each slot has its own hidden state, traces and scores; the weights are shared by default (one
+    model learns from every stream) or per slot (a model each). ``slots=n`` is ``Slots(n)``. Use
+    it to serve many sensors with one learner: one call costs far less than n calls.
+
+    Parameters
+    ----------
+    n : int
+        The number of slots (>= 1). Inputs then have a leading axis of length n.
+    shared : bool, default True
+        One model for all slots; False: every slot has its own weights and optimizer state.
+    reduce : {"mean", "sum"}, default "mean"
+        How the slots' losses combine into the shared model's gradient.
+
+    Examples
+    --------
+    >>> import numpy as np, streamtrace as st
+    >>> st.Slots(4, shared=False)
+    Slots(n=4, shared=False, reduce='mean')
+    >>> model = st.nn.Stack("gru", n_in=1, n_hidden=4, n_out=1)
+    >>> learner = st.OnlineLearner(model, np.zeros(1, np.float32), slots=st.Slots(2))
+    >>> learner.step(np.ones((2, 1), np.float32), np.ones((2, 1), np.float32)).loss.shape
+    (2,)
+    """
     n: int
     shared: bool = True
     reduce: str = "mean"
@@ -37,5 +59,21 @@ class CompileSettings:
 
 @dataclass(frozen=True)
 class Metrics:
-    """The rolling prequential metrics of ``stats()["metrics"]``: time constant ``window`` steps."""
+    """The rolling prequential scores of ``OnlineLearner.stats()["metrics"]``.
+
+    Every prediction is scored against its target before it is learnt from (prequential), and
+    the MSE, MAE and NRMSE per slot are exponential averages over about the last ``window``
+    steps: how well the learner does now, not since it started.
+
+    Parameters
+    ----------
+    window : int, default 1000
+        The averages' time constant, in steps.
+
+    Examples
+    --------
+    >>> import streamtrace as st
+    >>> st.Metrics(window=200).window
+    200
+    """
     window: int = 1000

@@ -125,7 +125,29 @@ class _Chain(Transform):
 
 
 def chain(*parts: Transform) -> Transform:
-    """Compose transforms left to right (``chain(normalise(), residual())``)."""
+    """Compose signal transforms, applied left to right on the way in.
+
+    Each transform maps the user's signal towards the model (inputs and targets) and the
+    model's prediction back to the user's units, in reverse order. Put ``screen()`` first (it
+    screens the stream's own numbers) and ``feedback()`` last.
+
+    Parameters
+    ----------
+    *parts : Transform
+        ``screen()``, ``normalise()``, ``residual()``, ``feedback()``, in order.
+
+    Returns
+    -------
+    Transform
+        The composition (a single part is returned as it is).
+
+    Examples
+    --------
+    >>> import streamtrace as st
+    >>> t = st.chain(st.normalise(warmup=10), st.residual())
+    >>> [part["kind"] for part in t.describe()["parts"]]
+    ['normalise', 'residual']
+    """
     for p in parts:
         if not isinstance(p, Transform):
             raise TypeError(f"chain takes transforms; got {type(p).__name__}")
