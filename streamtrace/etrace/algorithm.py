@@ -150,7 +150,8 @@ class ETraceVjpAlgorithm:
                                                 diff_params=self._direct_params(),
                                                 cut_hidden=self.cut_hidden, slots=slots)
             g = each(signal)(g, aux, out, ct_out, new_h)
-            dtrace = self.weight_grads(each(self.signal.contraction_traces)(new_tr), g)
+            # every traced weight frozen (a readout learning alone): no traces to contract
+            dtrace = self.weight_grads(each(self.signal.contraction_traces)(new_tr), g) if new_tr else {}
             grads = {n: _grad(params[n], dtrace.get(n), dparams.get(n), n in fixed) for n in params}
             return (grads, kernel.zeros_like_tree(hidden), kernel.zeros_like_tree(traces), dargs,
                     None if keep is None else jnp.zeros_like(keep))

@@ -132,3 +132,22 @@ def test_groups_with_the_same_optimizer_equal_one_group_with_learn_every_and_cli
     assert plain.stats()["updates"] == grouped.stats()["updates"] == T // 3
     for k, v in plain.params.items():
         np.testing.assert_allclose(grouped.params[k], v, rtol=1e-10, atol=1e-12, err_msg=k)
+
+
+def test_a_readout_learns_alone_when_every_traced_weight_is_frozen():
+    """Freezing every recurrent weight (no trace left) and training the readout: the readout's
+    steps equal those of the same learner whose cell learns at rate 0 (traces kept, then unused)."""
+    import optax
+
+    def run(rest):
+        L = st.OnlineLearner(st.nn.Stack("gru", 1, 4, 1, seed=3), np.zeros(1, np.float32),
+                             optimizer=st.param_groups(readout=("out.*", optax.sgd(0.1)), rest=("*", rest)))
+        start = {k: np.array(v) for k, v in L.params.items()}
+        for t in range(6):
+            L.step(np.float32([np.sin(t)]), np.float32([np.cos(t)]))
+        return start, L.params
+    (start, alone), (_, beside) = run(None), run(optax.sgd(0.0))
+    assert not np.allclose(alone["out.W"], start["out.W"])              # the readout learned ...
+    np.testing.assert_array_equal(alone["cell.z.W"], start["cell.z.W"])  # ... the cell did not
+    for k in ("out.W", "out.b"):
+        np.testing.assert_allclose(alone[k], beside[k], rtol=1e-6, atol=1e-7)
