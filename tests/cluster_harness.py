@@ -220,9 +220,10 @@ async def publish_acked(js, subject, raw, msg_id, deadline):
             await asyncio.sleep(0.1)
 
 
-async def sensor(url, data, fault_at, fault, deadline_s: float = 45.0, audit: dict | None = None):
-    """Publish every step (acknowledged, resent until stored), call ``fault()`` at step
-    ``fault_at``, collect the answers once each: ({(stream, seq): answer}, ack times, log
+async def sensor(url, data, fault_at, fault, deadline_s: float = 45.0, audit: dict | None = None,
+                 pace_s: float = 0.0):
+    """Publish every step (acknowledged, resent until stored; ``pace_s`` apart), call ``fault()``
+    at step ``fault_at``, collect the answers once each: ({(stream, seq): answer}, ack times, log
     messages stored). With ``audit`` (a dict), also every answer as it came, duplicates too
     (``audit["answers"]``: (answer, headers)) and every lease write (``audit["leases"]``: (wall
     time seen, partition, epoch)), for :func:`assert_fenced`."""
@@ -259,6 +260,7 @@ async def sensor(url, data, fault_at, fault, deadline_s: float = 45.0, audit: di
         for name, xs in data.items():
             await publish_acked(js, L.in_subject(name), wire.data_message(name, t, xs[t]), f"{name}:{t}", deadline)
             acks.append(time.monotonic())
+        await asyncio.sleep(pace_s)
     want = {(n, t) for n in data for t in range(steps)}
     while want - set(answers) and time.monotonic() < deadline:
         await asyncio.sleep(0.1)

@@ -24,14 +24,14 @@ from streamtrace.cluster.server import find_server_binary              # noqa: E
 
 import cluster_harness as H                                             # noqa: E402
 
-STREAMS, STEPS = 4, 40
+STREAMS, STEPS, PACE_S = 4, 40, 0.3      # 12 s of traffic: the faults happen while it flows
 
 
 def run_through(tmp_path, nodes, fault, *, cut=None, fault_at=12):
     """Two workers (``cut``: argv prefix of the first one, e.g. a network namespace), the sensor
     publishing STEPS steps of STREAMS streams with ``fault`` started in a thread at step
     ``fault_at``; every oracle above checked. Returns (longest pause between acknowledged
-    publishes, answers checked, duplicates)."""
+    publishes, answers checked, duplicates, takeovers: lease epochs begun after the fault began)."""
     cfg = H.config(tmp_path)
     data = H.signals(STREAMS, STEPS)
     ref_preds, ref_states = H.reference(cfg, data)
@@ -41,11 +41,16 @@ def run_through(tmp_path, nodes, fault, *, cut=None, fault_at=12):
         workers.append(H.start_worker(url, cfg, "--replicas", "3", wait=False, prefix=prefix))
     for w in workers:
         H.wait_joined(w, sink=out)
-    thread = threading.Thread(target=fault, daemon=True)
+    began = []
+
+    def timed():
+        began.append(time.time())
+        fault()
+    thread = threading.Thread(target=timed, daemon=True)
     audit: dict = {}
     try:
         answers, acks, stored = asyncio.run(asyncio.wait_for(
-            H.sensor(url, data, fault_at, thread.start, deadline_s=90, audit=audit), 120))
+            H.sensor(url, data, fault_at, thread.start, deadline_s=90, audit=audit, pace_s=PACE_S), 120))
         thread.join(60)
         assert not thread.is_alive(), "the fault did not finish"
         codes = H.terminate(workers)
@@ -60,9 +65,13 @@ def run_through(tmp_path, nodes, fault, *, cut=None, fault_at=12):
     H.assert_same(answers, ref_preds, states, ref_states)
     checked = H.assert_fenced(audit, ref_preds)
     pause = max(b - a for a, b in zip(acks, acks[1:]))
+    first_seen = {}
+    for t, k, e in audit["leases"]:
+        first_seen.setdefault((k, e), t)
+    takeovers = sum(1 for t in first_seen.values() if t > began[0])
     print(f"longest pause between acknowledged publishes {pause:.2f} s; {checked} answers checked "
-          f"({checked - len(want)} repeats)")
-    return pause, checked, checked - len(want)
+          f"({checked - len(want)} repeats); {takeovers} lease takeovers")
+    return pause, checked, checked - len(want), takeovers
 
 
 def start(nodes):
@@ -94,7 +103,7 @@ def test_a_broker_paused_for_ten_seconds(brokers, tmp_path):
             time.sleep(10)
         finally:
             os.kill(victim.proc.pid, signal.SIGCONT)
-    run_through(tmp_path, brokers, pause)
+    run_through(tmp_path, brokers, pause, fault_at=8)
 
 
 @pytest.mark.slow
@@ -160,7 +169,8 @@ def test_a_worker_cut_off_the_brokers_and_healed(netns, tmp_path):
                 time.sleep(3 * H.TTL)
             finally:
                 _ip("link", "set", link, "up")
-        run_through(tmp_path, nodes, cut, cut=("ip", "netns", "exec", ns))
+        *_, takeovers = run_through(tmp_path, nodes, cut, cut=("ip", "netns", "exec", ns))
+        assert takeovers >= 1           # the cut worker's partitions did change hands
     finally:
         for n in nodes:
             n.kill()
