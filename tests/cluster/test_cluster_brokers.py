@@ -6,7 +6,6 @@ are bit-identical to one engine fed the same steps (tests/cluster_harness.py).""
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 
