@@ -27,6 +27,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cluster_harness as H                                      # noqa: E402
+import timing                                                    # noqa: E402
 from cluster import ProcessEcho, timed_steps                     # noqa: E402
 from streamtrace.cluster import ClusterClient                    # noqa: E402
 from streamtrace.cluster.brokers import local_brokers, urls      # noqa: E402
@@ -81,8 +82,8 @@ def table(got: dict, samples: int) -> str:
         rows.append(f"| {title} | {np.percentile(got[k], 50):.0f} | {np.percentile(got[k], 99):.0f} | "
                     f"{np.percentile(got[k], 50) / echo:.2f}x |")
     return "\n".join(rows) + (
-        f"\n\nLoopback, {os.cpu_count()} CPU cores shared by every nats-server, both workers, the client (and other "
-        f"jobs on this machine); {samples} round trips per path in turns; GRU-8 D-RTRL, one worker per setup, "
+        f"\n\n{timing.machine_line('loopback', f'load average {os.getloadavg()[0]:.1f}')}: the cores shared by every "
+        f"nats-server, both workers, the client (and other jobs on this machine); {samples} round trips per path in turns; GRU-8 D-RTRL, one worker per setup, "
         "engine.slots 16. A step's round trip: the client publishes to the log (no acknowledgement waited for), the "
         "owner pulls it, steps, publishes the answer on core NATS; with 3 replicas and sync always the log stores "
         "the step on 2 of 3 nodes, each with an fsync, before the worker's pull sees it.")
