@@ -205,6 +205,17 @@ def terminate(procs, timeout_s: float = 60.0) -> list:
     return codes
 
 
+async def log_leader(url: str) -> tuple[str, int]:
+    """(the name of the log's leader broker, the log's replicas), creating the log if missing."""
+    from streamtrace.cluster import log as L
+    nc = await L.connect(url)
+    js = nc.jetstream(timeout=10)
+    await L.ensure_log(js, P, replicas=3)
+    info = await js.stream_info(L.LOG_STREAM)
+    await nc.close()
+    return info.cluster.leader, info.config.num_replicas
+
+
 async def publish_acked(js, subject, raw, msg_id, deadline):
     """Publish until JetStream acknowledges (a resend within the duplicate window is stored once)."""
     import asyncio

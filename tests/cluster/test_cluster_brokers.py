@@ -12,7 +12,6 @@ import pytest
 pytest.importorskip("nats", reason="pip install 'streamtrace[cluster]' (make test installs it)")
 
 from streamtrace.cluster import ClusterClient                           # noqa: E402
-from streamtrace.cluster import log as L                                # noqa: E402
 from streamtrace.cluster.brokers import local_brokers, urls            # noqa: E402
 from streamtrace.cluster.server import find_server_binary              # noqa: E402
 
@@ -34,15 +33,6 @@ def brokers(tmp_path):
             n.kill()
 
 
-async def _log_leader(url: str) -> tuple[str, int]:
-    nc = await L.connect(url)
-    js = nc.jetstream(timeout=10)
-    await L.ensure_log(js, H.P, replicas=3)
-    info = await js.stream_info(L.LOG_STREAM)
-    await nc.close()
-    return info.cluster.leader, info.config.num_replicas
-
-
 # the leader case failed once in CI (Python 3.12): a prediction after the leader broker's SIGKILL was
 # not one engine's (stream s2, seq 15), every step answered and stored once; not yet explained
 # (issue 36): recorded as an expected failure until it is, passing where it passes
@@ -56,7 +46,7 @@ def test_killing_a_broker_loses_no_acknowledged_step(brokers, tmp_path, which):
     cfg = H.config(tmp_path)
     data = H.signals(6, 31)
     ref_preds, ref_states = H.reference(cfg, data)
-    leader, replicas = asyncio.run(_log_leader(urls(brokers)))
+    leader, replicas = asyncio.run(H.log_leader(urls(brokers)))
     assert replicas == 3
     victim = next(n for n in brokers if (n.name == leader) == (which == "leader"))
     others = urls([n for n in brokers if n is not victim])      # the sensor and the worker talk to these

@@ -93,11 +93,12 @@ def brokers(tmp_path):
 
 @pytest.mark.slow
 def test_a_broker_paused_for_ten_seconds(brokers, tmp_path):
-    """SIGSTOP of one broker (connections stay open, nothing answers) for 10 s mid-stream, then
-    SIGCONT: clients and workers connected to it stall, the other two keep the quorum."""
-    victim = brokers[0]
-
+    """SIGSTOP of the log's leader broker (connections stay open, nothing answers) for 10 s
+    mid-stream, then SIGCONT: clients and workers connected to it stall, the other two elect a
+    leader and keep the quorum."""
     def pause():
+        leader, _ = asyncio.run(H.log_leader(urls(brokers)))
+        victim = next(n for n in brokers if n.name == leader)
         os.kill(victim.proc.pid, signal.SIGSTOP)
         try:
             time.sleep(10)
