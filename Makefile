@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTHON ?= python3
 
-.PHONY: demo test bench quality clean broker browser arm
+.PHONY: demo test bench quality clean broker browser arm iproute
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,15 @@ browser:
 	  echo "*** chromium / chromium-driver could not be installed (apt-get needs root and a reachable mirror): the" \
 	       "dashboard's browser test will fail ***" >&2
 
+# The cluster's network-partition test cuts a worker off in a network namespace with Debian's
+# iproute2 (`ip netns`, a veth pair; needs root); installed here when missing, bounded like the
+# broker; without it (or without root) that test is skipped and says why.
+iproute:
+	@command -v ip >/dev/null 2>&1 || test -x /usr/sbin/ip || \
+	  ($(APT) install -y -q iproute2 || ($(APT) update -q && $(APT) install -y -q iproute2)) || \
+	  echo "*** iproute2 could not be installed (apt-get needs root and a reachable mirror): the cluster's" \
+	       "network-partition test will be skipped ***" >&2
+
 # The aarch64 export test runs an exported learner under Debian's qemu-user, with the
 # arm64 C and C++ runtimes, and iree-run-module from IREE's aarch64 runtime wheel, fetched
 # here (never at test time) into .cache/iree-aarch64-<version>, the venv's iree-base-runtime
@@ -59,7 +68,7 @@ arm: $(VENV)/.installed
 	  $(PY) -m zipfile -e $$dir/iree_base_runtime-$$v-*.whl $$dir && chmod +x $$tool; } || \
 	  echo "*** IREE's aarch64 runtime wheel could not be fetched: the aarch64 export test will be skipped ***" >&2
 
-test: $(VENV)/.installed broker browser arm
+test: $(VENV)/.installed broker browser arm iproute
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 bench: $(VENV)/.installed

@@ -75,7 +75,9 @@ def main():
         f"| failover at the defaults (lease ttl 2 s, heartbeat 0.5 s): kill -9 -> first answer from the new owner, "
         f"{args.runs} runs | {', '.join(f'{s:.2f}' for s in got)} s |",
         f"| median / max (target <= 3 s) | {np.median(got):.2f} / {got.max():.2f} s |"])
-    md += (f"\n\nLoopback, {os.cpu_count()} CPU cores shared by nats-server, 3 workers and the client (and other jobs); "
+    import timing
+    md += (f"\n\n{timing.machine_line('loopback', f'load average {os.getloadavg()[0]:.1f}')}: the cores shared by "
+           "nats-server, 3 workers and the client (and other jobs); "
            f"{args.streams} streams pipelined, {args.backlog} steps of each sent right after each kill; 16 partitions, "
            "a checkpoint every 200 messages or 1 s. The time covers the lease running out (about one ttl after the "
            "dead worker's last write), the new owner's checkpoint restore and consumer, and the replay to the "

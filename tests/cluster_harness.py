@@ -53,8 +53,9 @@ def reference(cfg_path: Path, data: dict):
     return preds, states
 
 
-def start_worker(url: str, cfg_path: Path, *extra: str, wait: bool = True) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "streamtrace", "worker", "--nats", url, "--config", str(cfg_path),
+def start_worker(url: str, cfg_path: Path, *extra: str, wait: bool = True, prefix=()) -> subprocess.Popen:
+    """A worker process (``prefix``: argv before Python's, e.g. ``ip netns exec NS``)."""
+    cmd = [*prefix, sys.executable, "-m", "streamtrace", "worker", "--nats", url, "--config", str(cfg_path),
            "--partitions", str(P), "--lease-ttl", str(TTL), "--checkpoint-every", "20", *extra]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if wait:
@@ -174,7 +175,7 @@ def final_states(url: str, stepper_cfg: Path) -> dict:
 def assert_same(got: dict, ref_preds: dict, states: dict, ref_states: dict):
     for key, a in got.items():
         assert a["pred"].tobytes() == ref_preds[key].tobytes(), f"{key}: {a['pred']} != {ref_preds[key]}"
-    assert set(states) == set(ref_states)
+    assert set(states) == set(ref_states), (sorted(states), sorted(ref_states))
     for name, leaves in ref_states.items():
         assert len(states[name]) == len(leaves)
         for a, (path, b) in zip(states[name], leaves.items()):
@@ -202,3 +203,95 @@ def terminate(procs, timeout_s: float = 60.0) -> list:
             p.kill()
             codes.append("hung")
     return codes
+
+
+async def log_leader(url: str) -> tuple[str, int]:
+    """(the name of the log's leader broker, the log's replicas), creating the log if missing."""
+    from streamtrace.cluster import log as L
+    nc = await L.connect(url)
+    js = nc.jetstream(timeout=10)
+    await L.ensure_log(js, P, replicas=3)
+    info = await js.stream_info(L.LOG_STREAM)
+    await nc.close()
+    return info.cluster.leader, info.config.num_replicas
+
+
+async def publish_acked(js, subject, raw, msg_id, deadline):
+    """Publish until JetStream acknowledges (a resend within the duplicate window is stored once)."""
+    import asyncio
+
+    import nats.errors
+    from nats.js.errors import APIError, NoStreamResponseError
+    while True:
+        try:
+            return await js.publish(subject, raw, timeout=1.0, headers={"Nats-Msg-Id": msg_id})
+        except (nats.errors.TimeoutError, nats.errors.NoRespondersError, NoStreamResponseError, APIError):
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.1)
+
+
+async def sensor(url, data, fault_at, fault, deadline_s: float = 45.0, audit: dict | None = None,
+                 pace_s: float = 0.0):
+    """Publish every step (acknowledged, resent until stored; ``pace_s`` apart), call ``fault()``
+    at step ``fault_at``, collect the answers once each: ({(stream, seq): answer}, ack times, log
+    messages stored). With ``audit`` (a dict), also every answer as it came, duplicates too
+    (``audit["answers"]``: (answer, headers)) and every lease write (``audit["leases"]``: (wall
+    time seen, partition, epoch)), for :func:`assert_fenced`."""
+    import asyncio
+    import json
+
+    from streamtrace import wire
+    from streamtrace.cluster import log as L
+    from streamtrace.transport.client import decode_reply
+    nc = await L.connect(url)
+    js = nc.jetstream(timeout=10)
+    answers, acks, steps = {}, [], len(next(iter(data.values())))
+    audit = {} if audit is None else audit
+    audit.setdefault("answers", [])
+    audit.setdefault("leases", [])
+
+    async def on_answer(msg):
+        a = decode_reply(msg.data)
+        answers.setdefault((a["stream"], a["seq"]), a)
+        audit["answers"].append((a, dict(msg.headers or {})))
+    await nc.subscribe("st.out.*", cb=on_answer)
+    await nc.subscribe("st.err.*", cb=on_answer)
+
+    async def watch_leases():
+        kv = await js.key_value(L.LEASES)
+        async for e in await kv.watchall():
+            if e is not None and e.value:
+                audit["leases"].append((time.time(), int(e.key[2:]), json.loads(e.value)["epoch"]))
+    watching = asyncio.create_task(watch_leases())
+    deadline = time.monotonic() + deadline_s
+    for t in range(steps):
+        if t == fault_at:
+            fault()
+        for name, xs in data.items():
+            await publish_acked(js, L.in_subject(name), wire.data_message(name, t, xs[t]), f"{name}:{t}", deadline)
+            acks.append(time.monotonic())
+        await asyncio.sleep(pace_s)
+    want = {(n, t) for n in data for t in range(steps)}
+    while want - set(answers) and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    stored = (await js.stream_info(L.LOG_STREAM)).state.messages
+    watching.cancel()
+    await nc.close()
+    return answers, acks, stored
+
+
+def assert_fenced(audit: dict, ref_preds: dict):
+    """Every answer published, duplicates included, is one engine's prediction, and none was
+    published (its ``St-Sent``) after the sensor saw a later epoch of its partition taken over:
+    a fenced owner published nothing after its lease. Returns how many answers were checked."""
+    taken: dict = {}                      # (partition, epoch) -> when the sensor first saw it
+    for t, k, e in audit["leases"]:
+        taken.setdefault((k, e), t)
+    for a, h in audit["answers"]:
+        assert a["type"] == "prediction", a
+        assert a["pred"].tobytes() == ref_preds[(a["stream"], a["seq"])].tobytes(), (a, h)
+        k, e, sent = int(h["St-Partition"]), int(h["St-Epoch"]), float(h["St-Sent"])
+        later = [t for (kk, ee), t in taken.items() if kk == k and ee > e]
+        assert not later or sent < min(later), f"published at {sent} after epoch {e} of partition {k} was taken over"
+    return len(audit["answers"])

@@ -107,7 +107,8 @@ def worker_args(p, *, partitions_default=None):
     p.add_argument("--partitions", type=positive_int, default=partitions_default,
                    help="P, when this creates the log (default 16)")
     p.add_argument("--lease-ttl", type=positive_float, default=2.0,
-                   help="seconds a silent owner keeps its partitions (failover takes about this + 1-2 s)")
+                   help="seconds a silent owner keeps its partitions (a killed worker's are taken over about "
+                   "this long after its last write)")
     p.add_argument("--checkpoint-every", type=positive_int, default=200,
                    help="messages per partition between checkpoints")
     p.add_argument("--checkpoint-interval", type=positive_float, default=1.0, help="seconds at most between a "

@@ -1,8 +1,8 @@
 """Partition ownership: leases in a KV bucket, compare-and-set on the KV revision.
 
-A lease is the key ``p.<k>`` holding {owner, epoch, ckpt, seq, sha, prev, streams}: who owns partition
-k, how many streams it holds (the weight the assignment balances: assign.py), how many owners it has had (the epoch, carried by every prediction), the checkpoint that
-covers the log up to ``seq`` with the SHA-256 of its bytes, and the checkpoint committed
+A lease is the key ``p.<k>`` holding {owner, epoch, ckpt, seq, sha, prev, streams}: who owns
+partition k, how many streams it holds (the weight the assignment balances: assign.py), how
+many owners it has had (the epoch, carried by every prediction), the checkpoint that covers the log up to ``seq`` with the SHA-256 of its bytes, and the checkpoint committed
 before it (``prev``: {ckpt, seq, sha}), what a damaged checkpoint falls back to. Every write of an owner is ``update(last=revision)``: the
 server refuses it once anyone else wrote the key, so the KV revision is the fencing token and a
 checkpoint commit by a worker that lost its lease while paused is refused, not applied.

@@ -62,17 +62,18 @@ async def ensure_log(js, partitions: int | None = None, *, max_age_s: float = 86
     3-node NATS cluster; what exists keeps the replicas it was created with). Returns P: the one
     stored at creation wins; asking for another P later is an error, because moving streams
     between partitions would break their order. A JetStream that is not ready yet (a cluster
-    electing its first leaders) is waited for, ``ready_s`` at most."""
+    electing its first leaders, or a bucket just created whose stream has no leader yet: no
+    response from it) is waited for, ``ready_s`` at most."""
     import asyncio
     import time
 
     from nats.errors import TimeoutError as NatsTimeout
-    from nats.js.errors import ServiceUnavailableError
+    from nats.js.errors import NoStreamResponseError, ServiceUnavailableError
     deadline = time.monotonic() + ready_s
     while True:
         try:
             return await _ensure(js, partitions, max_age_s, replicas)
-        except (ServiceUnavailableError, NatsTimeout, asyncio.TimeoutError):
+        except (ServiceUnavailableError, NoStreamResponseError, NatsTimeout, asyncio.TimeoutError):
             if time.monotonic() >= deadline:
                 raise
             await asyncio.sleep(0.5)

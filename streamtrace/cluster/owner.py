@@ -197,8 +197,10 @@ class PartitionOwner:
             self.w.count("publishes_withheld")
             raise _Unsure("lease validity ran out while stepping")
         subject = L.out_subject(stream) if kind == "pred" else L.err_subject(stream)
+        # St-Sent: the wall time of publishing (an audit can hold it against the successor's takeover)
         await self.w.nc.publish(subject, body, headers={"St-Epoch": str(self.lease.epoch), "St-Worker": self.w.id,
-                                                         "St-Partition": str(self.k), "St-Log-Seq": str(seq)})
+                                                         "St-Partition": str(self.k), "St-Log-Seq": str(seq),
+                                                         "St-Sent": f"{time.time():.6f}"})
         self.answered = seq
         self.w.count("published" if kind == "pred" else "refused")
 

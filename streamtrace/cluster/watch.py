@@ -79,7 +79,19 @@ class Sightings:
 async def follow(kv, on_entry, retry_s: float = 1.0, values: bool = False):
     """Watch every key of ``kv`` and call ``on_entry(key, revision, deleted, value)`` for each
     write (value None unless ``values``), until cancelled; a watch that breaks is started again
-    after ``retry_s``."""
+    after ``retry_s``.
+
+    Parameters: ``kv`` a nats-py KeyValue bucket; ``on_entry`` a plain function (called in the
+    event loop); ``values`` whether to fetch each write's value too.
+
+    Example (with ``nats-server -js`` running and the cluster's buckets created)::
+
+        sightings = Sightings(ttl=2.0)
+        kv = await nc.jetstream().key_value("st_workers")
+        task = asyncio.create_task(follow(kv, lambda key, rev, deleted, _: sightings.see(key, rev)))
+        ...
+        task.cancel()
+    """
     while True:
         watcher = None
         try:

@@ -41,6 +41,7 @@ def test_twenty_streams_spread_over_three_workers(tmp_path):
             time.sleep(0.5)
         assert sorted(counts) == sorted(ids) and sum(counts.values()) == 20, counts
         assert max(counts.values()) <= 1.5 * min(counts.values()), counts
+        print(f"streams per worker: {sorted(counts.values())}")
         text = format_status(st)
         for w in ids:
             assert f"{w}: heartbeat " in text and f"{counts[w]} streams" in text.split(f"{w}: heartbeat ")[1]
