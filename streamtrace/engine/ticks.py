@@ -173,12 +173,12 @@ class Ticks:
     def _predicted(self, m, idx, call, arrays):
         """One step's results from the prediction program of the call ``_call`` makes next
         (the state is not touched; applied flags all False)."""
-        P, key = self.learner.programs, self._predict_key(m)
+        L, key = self.learner, self._predict_key(m)
         if m is not None:
-            return P.decode(P.run_predict(key, idx, np.int32(1), *arrays)[0], m=m)
+            return L.run_predict(key, idx, np.int32(1), *arrays)
         if self.looped:
-            return P.decode(P.run_predict(key, np.int32(1), *arrays)[0])
-        return P.decode(P.run_predict(key, *call))
+            return L.run_predict(key, np.int32(1), *arrays)
+        return L.run_predict(key, *call)
 
     def _call(self, m, idx, count, call, xs, ys, active, learn) -> list:
         """``count`` steps: a subset call (m slots), the loop program over all slots, or, in an
@@ -186,19 +186,17 @@ class Ticks:
         when count is 1; a burst is copied in step by step) (determinism.md)."""
         L = self.learner
         if m is not None:
-            rows = L.programs.run_subset(idx, count, xs, ys, active, learn)
-            return [L.programs.decode(rows[j], m=m) for j in range(count)]
+            return L.run_subset(idx, count, xs, ys, active, learn)
         if self.looped:
-            rows = L.programs.run_loop(count, xs, ys, active, learn)
-            return [L.programs.decode(rows[j]) for j in range(count)]
+            return L.run_loop(count, xs, ys, active, learn)
         if count == 1:
-            return [L.programs.decode(L.programs.run(*call))]
+            return [L.run(*call)]
         call, one = self._inputs(1)
         results = []
         for j in range(count):
             for view, steps in zip(one, (xs, ys, active, learn)):
                 view[0] = steps[j]
-            results.append(L.programs.decode(L.programs.run(*call)))
+            results.append(L.run(*call))
         return results
 
     def _subset_index(self, m, busy, out):
