@@ -62,7 +62,7 @@ def test_few_busy_streams_step_their_slots_only_and_every_answer_equals_a_learne
     assert core.banked and core.subsets == []
     calls = []
     run = core.learner.run
-    core.learner.run = lambda slot: calls.append(slot) or run(slot)
+    core.learner.run = lambda slot, *step: calls.append(slot) or run(slot, *step)
     io = Streams(core)
     for burst in BURSTS:
         calls.clear()

@@ -91,16 +91,21 @@ class SlotBank:
             self._views = self.programs.step().inputs.views
         return self._views
 
-    def run(self, slot: int) -> StepResult:
-        """One step of ``slot`` on what ``views()`` holds."""
-        P = self.programs
-        self.states[slot], vec = P.run(self.states[self._check(slot)], *self.views())
+    def run(self, slot: int, x=None, y=None, learn: bool = True) -> StepResult:
+        """One step of ``slot`` on what ``views()`` holds, or (x given) on x, y (None: none)
+        and ``learn``, written into the views first (the engine's path: one call a step)."""
+        P, views = self.programs, self._views or self.views()
+        if x is not None:
+            _fill(views, x, y, learn)
+        self.states[slot], vec = P.run(self.states[self._check(slot)], *views)
         return P.decode(vec)
 
-    def run_predict(self, slot: int) -> StepResult:
+    def run_predict(self, slot: int, x=None, y=None, learn: bool = True) -> StepResult:
         """``run``'s prediction and loss without the step (its state untouched; applied False)."""
-        P = self.programs
-        return P.decode(P.run_predict(self.states[self._check(slot)], None, *self.views()))
+        P, views = self.programs, self._views or self.views()
+        if x is not None:
+            _fill(views, x, y, learn)
+        return P.decode(P.run_predict(self.states[self._check(slot)], None, *views))
 
     # ---- a slot's state ---------------------------------------------------------------
     def reset_slot(self, slot: int):
@@ -171,3 +176,11 @@ class SlotBank:
         out["prequential_loss"] = np.concatenate([p["prequential_loss"] for p in per])
         out["metrics"] = {k: np.concatenate([p["metrics"][k] for p in per]) for k in per[0]["metrics"]}
         return out
+
+
+def _fill(views, x, y, learn):
+    """One step's inputs into the views (x, y, active, learn) of a one-slot step."""
+    views[0][0] = x
+    views[1][0] = 0 if y is None else y
+    views[2][0] = True
+    views[3][0] = learn
