@@ -208,10 +208,9 @@ class EngineCore:
         # every check comes before any change: a refused message changes nothing
         name, seq = d["stream"], d["seq"]
         try:
-            st, expected = self.table.admit(name, seq, t_recv)
+            st = self.table.admit(name, seq, (d, origin, t_recv), t_recv)
         except Refused as e:
             return self._refuse(origin, e.code, str(e), name, seq, **e.extra)
-        self.table.queue(st, seq, expected, (d, origin, t_recv), t_recv)
         self.metrics.count("accepted")
         if st.recent is None:
             return []
@@ -235,10 +234,10 @@ class EngineCore:
             self.save_checkpoint()      # one the steps would make overdue is written first
         planner = self.planner
         plan = planner.take(busy, count)
-        taken = plan.taken
+        taken = plan[5]
         table.pending -= len(taken)
         steps = self.steps + len(taken)
-        early = self.replied_first = planner.early(send, count, plan.m)
+        early = self.replied_first = send is not None and planner.early(send, count, plan[0])
         if early:       # the prediction program: the same bits as the step's (programs.predict)
             send(self.answers(taken, planner.predicted(plan), steps, self.version))
             self.metrics.count("replied_first", len(taken))

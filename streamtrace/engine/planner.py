@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["TickPlanner", "Plan", "subset_sizes"]
+__all__ = ["TickPlanner", "PLAN", "subset_sizes"]
 
 
 def subset_sizes(slots: int) -> list[int]:
@@ -20,15 +20,11 @@ def subset_sizes(slots: int) -> list[int]:
     return [1 << i for i in range(1, slots.bit_length()) if 4 << i <= slots]
 
 
-class Plan:
-    """One tick's call: m the subset size (None: all slots, or a bank's steps), idx the subset's
-    slots, count steps per slot, call / arrays its inputs, taken (result index, position,
-    message, origin, t_recv) per step, work (slot, message, learns) per step of a bank."""
-    __slots__ = ("m", "idx", "count", "call", "arrays", "taken", "work")
-
-    def __init__(self, m, idx, count, call, arrays, taken, work=None):
-        self.m, self.idx, self.count, self.call, self.arrays, self.taken, self.work = \
-            m, idx, count, call, arrays, taken, work
+# One tick's call (``TickPlanner.take``), a tuple (made at every tick): m the subset size (None:
+# all slots, or a bank's steps), idx the subset's slots, count steps per slot, call / arrays its
+# inputs, taken (result index, position, message, origin, t_recv) per step, work (slot,
+# message, learns) per step of a bank (else None).
+PLAN = ("m", "idx", "count", "call", "arrays", "taken", "work")
 
 
 class TickPlanner:
@@ -87,7 +83,7 @@ class TickPlanner:
         supervised mode one with its target (or a later label, learning.label_delay)."""
         return d["mode"] == "learn" and (not self.supervised or d["y"] is not None or st.recent is not None)
 
-    def take(self, busy, count: int) -> Plan:
+    def take(self, busy, count: int) -> tuple:
         """Up to ``count`` queued steps of each of the ``busy`` streams (taken off their
         queues) into one tick's call."""
         learns = self.learns
@@ -118,9 +114,9 @@ class TickPlanner:
                 if supervised and d["y"] is not None:
                     ys[j, p] = d["y"]
                 taken.append((j, p, d, origin, t_recv))
-        return Plan(m, idx, count, call, (xs, ys, active, learn), taken)
+        return m, idx, count, call, (xs, ys, active, learn), taken, None
 
-    def _take_bank(self, busy, count, learns) -> Plan:
+    def _take_bank(self, busy, count, learns) -> tuple:
         """A slot bank's tick: each queued step (up to ``count`` per stream) runs alone on its
         stream's slot; results[j] has a slot axis of 1."""
         work, taken = [], []
@@ -129,7 +125,7 @@ class TickPlanner:
                 d, origin, t_recv = st.pending.popleft()
                 work.append((st.slot, d, learns(st, d)))
                 taken.append((len(taken), 0, d, origin, t_recv))
-        return Plan(None, None, count, None, None, taken, work)
+        return None, None, count, None, None, taken, work
 
     def _subset_index(self, m, busy, out):
         """The slots of a subset call, written into ``out`` (the program's index input): the
@@ -169,36 +165,36 @@ class TickPlanner:
         return views
 
     # ---- the calls ----------------------------------------------------------------------
-    def predicted(self, plan: Plan) -> list:
+    def predicted(self, plan: tuple) -> list:
         """The first step's results of ``plan`` from the prediction program of its call (the
         state is not touched; applied flags all False): the same bits as ``run``'s."""
-        L, m = self.learner, plan.m
-        if plan.work is not None:
-            return [L.run_predict(slot, d["x"], d["y"], fit) for slot, d, fit in plan.work]
+        L, (m, idx, _, call, arrays, _, work) = self.learner, plan
+        if work is not None:
+            return [L.run_predict(slot, d["x"], d["y"], fit) for slot, d, fit in work]
         key = self.predict_key(m)
         if m is not None:
-            return [L.run_predict(key, plan.idx, np.int32(1), *plan.arrays)]
+            return [L.run_predict(key, idx, np.int32(1), *arrays)]
         if self.looped:
-            return [L.run_predict(key, np.int32(1), *plan.arrays)]
-        return [L.run_predict(key, *plan.call)]
+            return [L.run_predict(key, np.int32(1), *arrays)]
+        return [L.run_predict(key, *call)]
 
-    def run(self, plan: Plan) -> list:
+    def run(self, plan: tuple) -> list:
         """``plan``'s steps: a bank's slot steps, a subset call (m slots), the loop program over
         all slots, or, in an engine with one program, a one-step call per step (its inputs
         already filled when count is 1; a burst is copied in step by step) (determinism.md)."""
-        L, m, count = self.learner, plan.m, plan.count
-        if plan.work is not None:
-            return [L.run(slot, d["x"], d["y"], fit) for slot, d, fit in plan.work]
+        L, (m, idx, count, call, arrays, _, work) = self.learner, plan
+        if work is not None:
+            return [L.run(slot, d["x"], d["y"], fit) for slot, d, fit in work]
         if m is not None:
-            return L.run_subset(plan.idx, count, *plan.arrays)
+            return L.run_subset(idx, count, *arrays)
         if self.looped:
-            return L.run_loop(count, *plan.arrays)
+            return L.run_loop(count, *arrays)
         if count == 1:
-            return [L.run(*plan.call)]
+            return [L.run(*call)]
         call, one = self.inputs(1)
         results = []
         for j in range(count):
-            for view, steps in zip(one, plan.arrays):
+            for view, steps in zip(one, arrays):
                 view[0] = steps[j]
             results.append(L.run(*call))
         return results

@@ -58,9 +58,9 @@ class StreamTable:
     >>> learner = NS(label_delay=0, reset_slot=lambda slot: None)
     >>> ec = NS(slots=2, park_s=0, max_parked=0, max_pending=4, on_gap="reject", idle_timeout_s=60.0)
     >>> table = StreamTable(learner, ec, Metrics(), clock=lambda: 0.0)
-    >>> st, expected = table.admit("a", 0, 0.0)
-    >>> st.slot, expected, table.free
-    (0, None, [1])
+    >>> st = table.admit("a", 0, "a step", now=0.0)
+    >>> st.slot, list(st.pending), table.free, table.pending
+    (0, ['a step'], [1], 1)
     """
 
     def __init__(self, learner, ec, metrics, clock):
@@ -81,10 +81,10 @@ class StreamTable:
         parked = self.parking.get(name, now) if self.parking.enabled else None
         return None if parked is None else parked.next_seq
 
-    def admit(self, name: str, seq: int, now: float):
-        """(the stream, the seq it expected) for a data message of ``name`` numbered ``seq``;
-        ``Refused`` (nothing changed) for a repeat, a gap (``on_gap = "reject"``), a stream
-        with ``max_pending`` steps queued, or no slot to be had."""
+    def admit(self, name: str, seq: int, step, now: float) -> Stream:
+        """The stream of a data message of ``name`` numbered ``seq``, its ``step`` (message,
+        origin, t_recv) queued on it; ``Refused`` (nothing changed) for a repeat, a gap
+        (``on_gap = "reject"``), a stream with ``max_pending`` steps queued, or no slot to be had."""
         ec = self.ec
         st = self.streams.get(name)
         parked = None
@@ -112,15 +112,12 @@ class StreamTable:
                 self.parking.take(name)
                 self.metrics.count("unparked")
             st = self.streams[name] = Stream(slot, expected, recent=self.recent(parked and parked.recent))
-        return st, expected
-
-    def queue(self, st: Stream, seq: int, expected, step, now: float):
-        """Queue ``step`` (message, origin, t_recv) on the admitted stream ``st``."""
         if expected is not None and seq > expected:
             self.metrics.count("lost_on_resync", seq - expected)
         st.next_seq, st.resync, st.last_seen = seq + 1, False, now
         st.pending.append(step)
         self.pending += 1
+        return st
 
     def recent(self, seqs=None):
         """A stream's window of recent data seqs (learning.label_delay), or None."""

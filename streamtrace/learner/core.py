@@ -171,7 +171,6 @@ class OnlineLearner:
         init = jax.jit(lambda p: self.layout.pack(self._init_state(p)))
         init_buffers = init(p0)
         self.buffers = init(p0)     # donated, not the initial ones
-        # the compiled programs (the engine's entry points) over these buffers
         self.programs = Programs(self.layout, self.fns, init_buffers, slots=self.slots, per_slot=self.per_slot,
                                  pairs=self.pairs, donate=self.donate, horizon=self.horizon,
                                  x=(self.x_shape, self.x_dtype), y=(self.out_shape, self.y_dtype))
