@@ -59,8 +59,11 @@ def python_only(cfg, n=20000, repeats=5):
     core = EngineCore(cfg)
     core.warmup()
     L = core.learner
-    vec = L.programs.run(*core._inputs(1)[0])
-    L.programs.run = lambda *a, **k: vec
+    if core.banked:      # one step's output vector, to stand for every step below
+        L.states[0], vec = L.programs.run(L.states[0], *L.views())
+    else:
+        L.buffers, vec = L.programs.run(L.buffers, *core.planner.inputs(1)[0])
+    L.programs.run = lambda buffers, *a, **k: (buffers, vec)
     x = np.zeros(cfg.model.n_in, np.float32)
     msgs = [wire.data_message("bench", i, x, ts=time.time()) for i in range(n)]
     block, meds = n // repeats, []
@@ -117,12 +120,12 @@ def main(argv=None):
     wire.decode = timed(spans, "decode", wire.decode)
     wire.decode_data = timed(spans, "checks", wire.decode_data)
     core._accept = timed(spans, "route", core._accept)
-    core._inputs = timed(spans, "batch", core._inputs)
+    core.planner.inputs = timed(spans, "batch", core.planner.inputs)
     compiled = L.programs.step
     L.programs.step = lambda k=None: timed_call(spans, "dispatch", compiled(k))
     L.programs.run = timed(spans, "wait", L.programs.run)      # minus dispatch, below
     L.programs.decode = timed(spans, "split", L.programs.decode)
-    core._reply = timed(spans, "reply", core._reply)
+    core.answers.encode = timed(spans, "reply", core.answers.encode)
     m = core.metrics
     for name in ("count", "loss", "latency"):
         setattr(m, name, timed(spans, "metrics", getattr(m, name)))

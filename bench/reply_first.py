@@ -86,13 +86,17 @@ def step_back_to_back(hidden, algorithm, mode, slots, n=3000, reps=5):
     cfg = load_config(None, {"model": {"stack": "gru", "n_in": 1, "n_hidden": hidden, "n_out": 1},
                              "learning": {"algorithm": algorithm, "mode": mode,
                                           "forecast_before_update": mode == "forecast"}})
-    P = build_learner(cfg, slots=slots, shared_weights=False).programs
+    L = build_learner(cfg, slots=slots, shared_weights=False)
+    P, state = L.programs, [L.buffers]
     key, call = None, P.step().inputs.views
-    update = lambda: P.run(*call)
+
+    def update():
+        state[0], vec = P.run(state[0], *call)
+        return vec
     for m in call[2:]:
         m[...] = False
         m.reshape(-1)[0] = True
-    predict = lambda: P.run_predict(key, *call)
+    predict = lambda: P.run_predict(state[0], key, *call)
     both = lambda: (predict(), update())
     both()
     ns = time.perf_counter_ns

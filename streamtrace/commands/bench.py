@@ -79,6 +79,17 @@ def _variant(cfg: EngineConfig, algorithm: str) -> EngineConfig:
     return c.validate()
 
 
+def _stepper(learner, *inputs, run="run"):
+    """A call of ``learner.programs.<run>`` on ``inputs`` that keeps the buffers it returns
+    (starting from the learner's; the learner's own are left to it)."""
+    program, state = getattr(learner.programs, run), [learner.buffers]
+
+    def call():
+        state[0], vec = program(state[0], *inputs)
+        return vec
+    return call
+
+
 def _one(cfg: EngineConfig, slots: int, iters: int, warmup: int, max_seconds: float) -> dict:
     from ..recipe.build import build_learner
     from ..engine.core import subset_sizes
@@ -91,7 +102,7 @@ def _one(cfg: EngineConfig, slots: int, iters: int, warmup: int, max_seconds: fl
     x = (0.1 * rng.standard_normal((learner.n,) + learner.x_shape)).astype(learner.x_dtype)
     y = (0.1 * rng.standard_normal((learner.n,) + learner.out_shape)).astype(learner.y_dtype)
     on = np.ones(learner.n, bool)
-    times = timed(lambda: learner.programs.run(x, y, on, on), iters, warmup, max_seconds)
+    times = timed(_stepper(learner, x, y, on, on), iters, warmup, max_seconds)
     row = {"algorithm": cfg.learning.algorithm, "slots": slots, "build_s": t1 - t0, "compile_s": t2 - t1,
            "step_us": percentiles(times), "trace_bytes_per_slot": trace_bytes_per_slot(learner)}
     sizes = subset_sizes(slots)
@@ -99,13 +110,13 @@ def _one(cfg: EngineConfig, slots: int, iters: int, warmup: int, max_seconds: fl
         one = build_learner(cfg, slots=1, shared_weights=False)  # steps alone (learner/bank.py)
         one.programs.step()
         x1, y1, on1 = x[:1], y[:1], on[:1]
-        row["one_busy_us"] = percentiles(timed(lambda: one.programs.run(x1, y1, on1, on1), iters, warmup, max_seconds))
+        row["one_busy_us"] = percentiles(timed(_stepper(one, x1, y1, on1, on1), iters, warmup, max_seconds))
     elif sizes:   # shared weights: the engine's smallest subset call, the others idle
         k, m = cfg.engine.micro_batch, sizes[0]
         xs, ys = np.repeat(x[None, :m], k, 0), np.repeat(y[None, :m], k, 0)
         act, idx = np.zeros((k, m), bool), np.arange(m, dtype=np.int32)
         act[:, 0] = True
-        row["one_busy_us"] = percentiles(timed(lambda: learner.programs.run_subset(idx, 1, xs, ys, act, act),
+        row["one_busy_us"] = percentiles(timed(_stepper(learner, idx, 1, xs, ys, act, act, run="run_subset"),
                                                  iters, warmup, max_seconds))
     return row
 

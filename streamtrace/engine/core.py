@@ -6,13 +6,16 @@
 ``("pub", topic, bytes)`` for subscribers. No learner state changes for a refused message,
 and any failure while handling one message is a refusal (code ``internal``), never a crash.
 Streams evicted for being idle are parked (``parking.py``) and resume if they return in time.
+
+An engine composes three parts, each with explicit inputs: the stream table (streams.py:
+admission, slots, parking), the tick planner (planner.py: queued steps into compiled calls of
+the learner) and the answers (answers.py: replies from a call's results). It owns what ties
+them together: the learner, the metrics, labels, weights and checkpoints.
 """
 from __future__ import annotations
 
 import logging
 import time
-from collections import deque
-from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -21,10 +24,11 @@ from ..learner.bank import SlotBank
 from ..learner.checkpoint import CheckpointDir
 from ..learner.labels import LabelError
 from ..recipe.build import build_learner
-from .ticks import Ticks
+from .answers import Answers
 from .config import EngineConfig
 from .counters import EngineCounters
-from .parking import ParkingLot
+from .planner import TickPlanner, subset_sizes
+from .streams import Refused, Stream, StreamTable
 
 __all__ = ["EngineCore", "Stream", "subset_sizes"]
 
@@ -36,22 +40,7 @@ LABEL_REFUSALS = {"unknown_label": "data message seq {seq} left nothing to label
                   "already_labelled": "seq {seq} was already labelled"}
 
 
-def subset_sizes(slots: int) -> list[int]:
-    """Busy-slot counts with a call of their own (see EngineCore): 2 <= m <= slots / 4."""
-    return [1 << i for i in range(1, slots.bit_length()) if 4 << i <= slots]
-
-
-@dataclass
-class Stream:
-    slot: int
-    next_seq: int | None = None       # None: the next message sets the base
-    last_seen: float = 0.0
-    resync: bool = False               # restored from a checkpoint: may jump forward once
-    pending: deque = field(default_factory=deque)
-    recent: deque | None = None        # learning.label_delay: the seqs of its last data messages
-
-
-class EngineCore(Ticks):
+class EngineCore:
     def __init__(self, cfg: EngineConfig, clock=time.monotonic):
         self.cfg, self.clock = cfg, clock
         ec = cfg.engine
@@ -67,13 +56,8 @@ class EngineCore(Ticks):
         if self.y_shape != (cfg.model.n_out,):
             raise ValueError(f"model output shape {self.y_shape} does not match model.n_out = {cfg.model.n_out}; "
                              "set model.n_out to the model's output size")
-        self.streams: dict[str, Stream] = {}
-        self.free = list(range(ec.slots - 1, -1, -1))
-        # slots no stream has used: their state is still the initial one (but for the learner's
-        # count of calls, a statistic), so taking one needs no reset
-        self.unused = set(self.free)
         self.metrics = EngineCounters()
-        self.parking = ParkingLot(ec.park_s, ec.max_parked)
+        self.table = StreamTable(self.learner, ec, self.metrics, clock)
         self._internal_logged: set = set()
         self.version = 0                 # weights version (bumped at every publish)
         self.steps = 0                   # accepted data messages processed
@@ -81,26 +65,30 @@ class EngineCore(Ticks):
         self._since_ckpt = 0
         self._published_params: dict | None = None
         self.ckpt = CheckpointDir(cfg.checkpoint.dir, cfg.checkpoint.keep) if cfg.checkpoint.dir else None
-        self._input_cache: dict = {}
-        self._pending = 0                # queued messages over all streams (has_pending, per loop turn)
-        self._reply = wire.PredictionEncoder()
-        # shared weights: a call with few busy streams steps only their slots: programs for
-        # 2 <= m <= slots / 4 busy slots (powers of two), each taking up to micro_batch steps
-        # per slot. Gathering and writing back makes a slot cost ~1.6x its share of the full
-        # step (measured, GRU-64 / 256 D-RTRL), and each program holds ~12 MB of code: larger
-        # subsets gain too little. (A slot bank steps each busy slot alone: no subsets.)
-        self.subsets = subset_sizes(self.learner.n) if self.learner.slots and not self.banked else []
-        self.ready_subsets = list(self.subsets)
-        # With subset programs (loops), a call over all slots is a loop too (up to micro_batch
-        # steps, their number given at run time: one program for any burst); without them,
-        # one program, the one-step one, and a burst takes one call per step.
-        self.looped = bool(self.subsets)
-        self.ready = [ec.micro_batch] if self.looped else [1]   # steps one call over all slots takes
         # reply first: where a prediction does not depend on its step's update, a one-step
         # call's replies may leave after a prediction program, before the step runs (tick)
         lc = cfg.learning
         self.reply_first = ec.reply_first and (lc.mode == "supervised" or lc.forecast_before_update)
         self.replied_first = False       # the last tick sent its replies before its update
+        self.planner = TickPlanner(self.learner, ec.micro_batch, self.banked, lc.mode == "supervised",
+                                   self.reply_first)
+        self.answers = Answers(wire.PredictionEncoder(), self.metrics, cfg.publish, clock)
+
+    # the parts' state, under the names the server, the cluster and the tests know
+    streams = property(lambda self: self.table.streams)
+    free = property(lambda self: self.table.free)
+    parking = property(lambda self: self.table.parking)
+    subsets = property(lambda self: self.planner.subsets)
+    ready = property(lambda self: self.planner.ready)
+    looped = property(lambda self: self.planner.looped)
+
+    @property
+    def ready_subsets(self) -> list:
+        return self.planner.ready_subsets
+
+    @ready_subsets.setter
+    def ready_subsets(self, sizes):
+        self.planner.ready_subsets = sizes
 
     def warmup(self):
         """Compile every program now, so no message waits for the compiler."""
@@ -127,13 +115,13 @@ class EngineCore(Ticks):
         thread of its own while serving)."""
         L = self.learner
         if self.reply_first:        # the prediction program of the call over all slots
-            L.programs.predict(self._predict_key(None))
+            L.programs.predict(self.planner.predict_key(None))
             yield
         for m in self.subsets:
             if m not in self.ready_subsets:
                 L.programs.subset(m, self.cfg.engine.micro_batch)
                 if self.reply_first:     # its prediction twin before it serves (tick asks for both)
-                    L.programs.predict(self._predict_key(m))
+                    L.programs.predict(self.planner.predict_key(m))
                 self.ready_subsets.append(m)
                 yield
         if L.label_delay:
@@ -195,20 +183,13 @@ class EngineCore(Ticks):
             if msg is not None and isinstance(msg.get("stream"), str) and isinstance(msg.get("seq"), int) \
                     and not isinstance(msg.get("seq"), bool):
                 stream, seq = msg["stream"], msg["seq"]
-                expected = self._expected(stream, t_recv)
+                expected = self.table.expected(stream, t_recv)
                 if expected is not None:
                     extra["expected"] = expected
             return self._refuse(origin, e.code, str(e), stream, seq, **extra)
         if kind == "label":
             return self._label(label, origin)
         return self._accept(data, origin, t_recv)
-
-    def _expected(self, name, now):
-        known = self.streams.get(name)
-        if known is not None:
-            return known.next_seq
-        parked = self.parking.get(name, now) if self.parking.enabled else None
-        return None if parked is None else parked.next_seq
 
     def _refuse(self, origin, code, message, stream, seq, **extra) -> list:
         self.metrics.error(code)
@@ -226,38 +207,10 @@ class EngineCore(Ticks):
     def _accept(self, d, origin, t_recv) -> list:
         # every check comes before any change: a refused message changes nothing
         name, seq = d["stream"], d["seq"]
-        st = self.streams.get(name)
-        parked = None
-        if st is None and self.parking.enabled:
-            parked = self.parking.get(name, t_recv)     # it left idle and comes back: resume
-        expected = st.next_seq if st is not None else parked.next_seq if parked is not None else None
-        resync = st is not None and st.resync
-        if expected is not None and seq != expected:
-            if seq < expected:
-                return self._refuse(origin, "repeat", f"stream '{name}': seq {seq} was already received "
-                                    f"(expected {expected})", name, seq, expected=expected)
-            if not resync and self.cfg.engine.on_gap == "reject":
-                return self._refuse(origin, "gap", f"stream '{name}': seq {seq} skips ahead (expected "
-                                    f"{expected}); resend from {expected}", name, seq, expected=expected)
-        if st is not None and len(st.pending) >= self.cfg.engine.max_pending:
-            return self._refuse(origin, "overloaded", f"stream '{name}' has {len(st.pending)} steps queued; "
-                                "slow down or raise engine.max_pending", name, seq, expected=seq)
-        if st is None:
-            slot = self._take_slot(fresh=parked is None)
-            if slot is None:
-                return self._refuse(origin, "no_slot", f"all {self.cfg.engine.slots} slots are busy; stream "
-                                    f"'{name}' was not admitted (raise engine.slots or wait for idle streams)",
-                                    name, seq)
-            if parked is not None:
-                self.learner.write_slot(slot, parked.state)
-                self.parking.take(name)
-                self.metrics.count("unparked")
-            st = self.streams[name] = Stream(slot, expected, recent=self._recent(parked and parked.recent))
-        if expected is not None and seq > expected:
-            self.metrics.count("lost_on_resync", seq - expected)
-        st.next_seq, st.resync, st.last_seen = seq + 1, False, t_recv
-        st.pending.append((d, origin, t_recv))
-        self._pending += 1
+        try:
+            st = self.table.admit(name, seq, (d, origin, t_recv), t_recv)
+        except Refused as e:
+            return self._refuse(origin, e.code, str(e), name, seq, **e.extra)
         self.metrics.count("accepted")
         if st.recent is None:
             return []
@@ -267,11 +220,41 @@ class EngineCore(Ticks):
         # delayed labels: a y that comes with its x is that step's label, applied at once
         return self._apply_label(st, name, 0, d["y"], origin, ack=False)    # its step is the newest
 
-    # ---- delayed labels (learning.label_delay) ----------------------------------------
-    def _recent(self, seqs=None):
-        d = self.learner.label_delay
-        return deque(seqs or (), maxlen=d) if d else None
+    # ---- a tick -------------------------------------------------------------------------
+    def tick(self, send=None) -> list:
+        """One call for the queued steps; returns what to send. ``send``: a sender the replies
+        may go to before the update runs (``reply_first``): the caller passes it when nothing
+        else waits for the engine (its sockets are empty), so the extra call costs no message
+        any time; under load the engine ticks without it, one call a step as before."""
+        table = self.table
+        if not table.pending:
+            return []
+        busy, count = table.busy(self.cfg.engine.micro_batch)
+        if self.ckpt and self._since_ckpt + sum(min(len(st.pending), count) for st in busy) > self.cfg.checkpoint.every:
+            self.save_checkpoint()      # one the steps would make overdue is written first
+        planner = self.planner
+        plan = planner.take(busy, count)
+        taken = plan[5]
+        table.pending -= len(taken)
+        steps = self.steps + len(taken)
+        early = self.replied_first = send is not None and planner.early(send, count, plan[0])
+        if early:       # the prediction program: the same bits as the step's (programs.predict)
+            send(self.answers(taken, planner.predicted(plan), steps, self.version))
+            self.metrics.count("replied_first", len(taken))
+        results = planner.run(plan)
+        self.steps = steps
+        self._since_publish += len(taken)
+        self._since_ckpt += len(taken)
+        self.metrics.count("steps", len(taken))
+        self.metrics.count("updates", sum(1 for r in results if r.applied is True or
+                                          (r.applied is not False and r.applied.any())))
+        out = [] if early else self.answers(taken, results, steps, self.version)
+        every = self.cfg.publish.weights_every
+        if every and self._since_publish >= every:
+            out.append(("pub", b"weights", self.weights_message("update")))
+        return out
 
+    # ---- delayed labels (learning.label_delay) ----------------------------------------
     def _label(self, lab, origin) -> list:
         """A ``label`` message: the target of an earlier data message of its stream, applied
         to the gradient its step kept (learner/labels.py) once every queued step of the stream
@@ -321,35 +304,14 @@ class EngineCore(Ticks):
                                                      "loss": res.loss, "applied": res.applied}))]
 
     def _take_slot(self, fresh: bool = True):
-        if not self.free:
-            self.evict_idle()
-        if not self.free:
-            return None
-        slot = self.free.pop()
-        if fresh and slot not in self.unused:
-            self.learner.reset_slot(slot)
-        self.unused.discard(slot)
-        return slot
+        return self.table.take_slot(fresh)
 
     def evict_idle(self, now: float | None = None):
-        """Free the slots of streams idle for longer than engine.idle_timeout_s; with
-        engine.park_s their state is parked, to be restored if they return in time."""
-        now = self.clock() if now is None else now
-        lot = self.parking
-        if lot.enabled:
-            lot.expire(now)
-        for name, st in list(self.streams.items()):
-            if not st.pending and now - st.last_seen > self.cfg.engine.idle_timeout_s:
-                if lot.enabled:
-                    self.metrics.count("park_dropped", lot.park(name, now, st.next_seq, self.learner.read_slot(st.slot),
-                                                                st.recent))
-                    self.metrics.count("parked")
-                del self.streams[name]
-                self.metrics.forget(name)
-                self.free.append(st.slot)
+        """Free the slots of idle streams, parking their state (``StreamTable.evict_idle``)."""
+        self.table.evict_idle(now)
 
     def has_pending(self) -> bool:
-        return self._pending > 0
+        return self.table.pending > 0
 
     # ---- weights ------------------------------------------------------------------------
     def weights_message(self, kind: str) -> bytes:
@@ -396,11 +358,11 @@ class EngineCore(Ticks):
                 snap["stream_metrics"][name].update(per)
         self.metrics.quality(snap["stream_metrics"])
         snap["version"] = self.version
-        snap["pending"] = self._pending                 # queued messages not yet stepped
+        snap["pending"] = self.table.pending                 # queued messages not yet stepped
         snap["parked_streams"] = len(self.parking)
         snap["mode"], snap["horizon"] = self.cfg.learning.mode, self.cfg.learning.horizon
-        snap["batch_sizes"] = list(self.ready)    # steps one call over all slots takes
-        snap["subset_sizes"] = list(self.ready_subsets)   # busy-slot counts with a call of their own
+        snap["batch_sizes"] = list(self.planner.ready)    # steps one call over all slots takes
+        snap["subset_sizes"] = list(self.planner.ready_subsets)   # busy-slot counts with a call of their own
         return wire.encode({"type": "stats", **snap})
 
     # ---- durability ---------------------------------------------------------------------
@@ -409,10 +371,7 @@ class EngineCore(Ticks):
             return None
         # queued messages are not in the saved state yet: record each stream's position as
         # the first message the checkpoint does not hold
-        extra = {"steps": self.steps, "version": self.version,
-                 "streams": {n: {"slot": s.slot, "next_seq": None if s.next_seq is None else s.next_seq - len(s.pending),
-                                 **({} if s.recent is None else {"recent": _stepped(s)})}
-                             for n, s in self.streams.items()}}
+        extra = {"steps": self.steps, "version": self.version, "streams": self.table.positions()}
         path = self.ckpt.save(self.steps, self.learner.state_dict(), self.learner.signature(), extra)
         self._since_ckpt = 0
         self.metrics.count("checkpoints")
@@ -429,19 +388,7 @@ class EngineCore(Ticks):
         self.learner.load_state_dict(arrays)
         extra = header.get("extra", {})
         self.steps, self.version = int(extra.get("steps", 0)), int(extra.get("version", 0))
-        self.streams.clear()
-        used = set()
-        for name, s in extra.get("streams", {}).items():
-            self.streams[name] = Stream(int(s["slot"]), s["next_seq"], self.clock(), resync=True,
-                                        recent=self._recent(s.get("recent")))
-            used.add(int(s["slot"]))
-        self.free = [i for i in range(self.cfg.engine.slots - 1, -1, -1) if i not in used]
-        self.unused = set()              # the loaded state is in every slot: a new stream resets its slot
+        self.table.restore(extra.get("streams", {}), self.clock())
         self._published_params = None
         return {"path": str(path), **header}
 
-
-def _stepped(st: Stream) -> list:
-    """The seqs of the stream's data messages that have run (its ring holds their steps)."""
-    seqs = list(st.recent)
-    return seqs[:max(0, len(seqs) - len(st.pending))]

@@ -4,10 +4,11 @@ A learner with a model per slot (``Slots(n, shared=False)``) keeps its n slots i
 and steps them with programs over all slots or a few; to make those programs round alike they
 step pairs of slots in a loop, and XLA:CPU runs such loop bodies and gathers through its thread
 pool at several times a one-slot step's cost (docs/decisions/slot-banks.md). Here each slot's
-state is the buffers of one one-slot learner (``one``), and a slot steps alone through that
-learner's one compiled step program: every step of every stream is the same program on the
-same shapes (the same bits however streams interleave), a lone stream costs one slot, and no
-state is gathered or written back.
+state is buffers of the layout of one one-slot learner (``one``), held here (``states``), and a
+slot steps alone through that learner's compiled step program, its buffers passed in and the
+new ones kept (nothing is swapped into the learner): every step of every stream is the same
+program on the same shapes (the same bits however streams interleave), a lone stream costs
+one slot, and no state is gathered or written back.
 
 Weights no step changes (a frozen reservoir beside a learned cell, ``learner.fixed``) are the
 last of the buffers (packing.py ``fixed_from``), which the step programs neither donate nor
@@ -53,7 +54,8 @@ class SlotBank:
         for b in self._initial[f:]:          # handed out by read_slot: nobody writes them
             b.setflags(write=False)
         self.shared = tuple(jax.device_put(b) for b in self._initial[f:])    # one copy, all slots
-        self.states = [self._fresh() for _ in range(n)]
+        self.states = [self._fresh() for _ in range(n)]     # each slot's buffers, owned here
+        self._views = None
 
     def _fresh(self) -> tuple:
         return tuple(jax.device_put(b) for b in self._initial[:self._f]) + self.shared
@@ -85,29 +87,27 @@ class SlotBank:
     def views(self):
         """The step's input arrays (x, y, active, learn), each with a slot axis of 1: filled
         in place, they serve ``run`` and ``run_predict`` without a copy."""
-        return self.programs.step().inputs.views
+        if self._views is None:
+            self._views = self.programs.step().inputs.views
+        return self._views
 
-    def run(self, slot: int) -> StepResult:
-        """One step of ``slot`` on what ``views()`` holds."""
-        P = self.programs
-        return P.decode(self._on(slot, lambda: P.run(*self.views())))
+    def run(self, slot: int, x=None, y=None, learn: bool = True) -> StepResult:
+        """One step of ``slot`` on what ``views()`` holds, or (x given) on x, y (None: none)
+        and ``learn``, written into the views first (the engine's path: one call a step)."""
+        P, views = self.programs, self._views or self.views()
+        if x is not None:
+            _fill(views, x, y, learn)
+        self.states[slot], vec = P.run(self.states[self._check(slot)], *views)
+        return P.decode(vec)
 
-    def run_predict(self, slot: int) -> StepResult:
+    def run_predict(self, slot: int, x=None, y=None, learn: bool = True) -> StepResult:
         """``run``'s prediction and loss without the step (its state untouched; applied False)."""
-        P = self.programs
-        return P.decode(self._on(slot, lambda: P.run_predict(None, *self.views())))
+        P, views = self.programs, self._views or self.views()
+        if x is not None:
+            _fill(views, x, y, learn)
+        return P.decode(P.run_predict(self.states[self._check(slot)], None, *views))
 
     # ---- a slot's state ---------------------------------------------------------------
-    def _on(self, slot: int, fn):
-        """``fn()`` with the one-slot learner holding ``slot``'s state; what it leaves there
-        is the slot's state after (also when ``fn`` raises)."""
-        one = self.one
-        one.buffers = self.states[self._check(slot)]
-        try:
-            return fn()
-        finally:
-            self.states[slot] = one.buffers
-
     def reset_slot(self, slot: int):
         """Fresh state (weights, optimizer, hidden state, traces) for ``slot``."""
         self.states[self._check(slot)] = self._fresh()
@@ -115,7 +115,7 @@ class SlotBank:
     def read_slot(self, slot: int) -> dict:
         """The slot's state (``OnlineLearner.read_slot``); its fixed weights are the bank's
         read-only host copy, not a copy per read (a parked stream keeps only its own state)."""
-        part = self._on(slot, lambda: self.one.read_slot(0))
+        part = self.one.read_slot_of(self.states[self._check(slot)], 0)
         fixed = dict(zip(self._fixed_names, self._initial[self._f:]))
         leaves, tree = jax.tree_util.tree_flatten_with_path(part)
         return jax.tree_util.tree_unflatten(tree, [fixed[path_name(kp)][0] if path_name(kp) in fixed else v
@@ -123,48 +123,34 @@ class SlotBank:
 
     def write_slot(self, slot: int, part: dict):
         """Refused (ValueError, nothing changed) if ``part``'s fixed weights are not the bank's."""
-        old = self.states[self._check(slot)]
-        self._on(slot, lambda: self.one.write_slot(0, part))
-        try:
-            self.states[slot] = self._sharing(self.states[slot])
-        except ValueError:
-            self.states[slot] = old
-            raise
+        self.states[slot] = self._sharing(self.one.write_slot_of(self.states[self._check(slot)], 0, part))
 
     def label(self, y, age: int = 0, slot: int | None = None):
         if slot is None:
             raise ValueError("label() of a slot bank needs the slot")
-        return self._on(slot, lambda: self.one.label(y, age=age, slot=0))
+        one, slot = self.one, self._check(slot)
+        self.states[slot], *got = one.label_of(self.states[slot], y, age=age, slot=0)
+        return one.label_result(*got, age)
 
     # ---- the whole bank, as an n-slot learner --------------------------------------------
-    def _each(self, fn) -> list:
-        return [self._on(s, fn) for s in range(self.n)]
-
     def _stacked(self, fn) -> dict:
-        """``fn()`` ({name: array with a slot axis of 1}) of every slot, concatenated."""
-        per = self._each(fn)
+        """``fn(buffers)`` ({name: array with a slot axis of 1}) of every slot, concatenated."""
+        per = [fn(b) for b in self.states]
         return {k: np.concatenate([p[k] for p in per]) for k in per[0]}
 
     def state_dict(self) -> dict:
         """``{name: array}`` with the slots stacked first: ``Slots(n, shared=False)``'s names
         and shapes, so checkpoints are the same files."""
-        return self._stacked(self.one.state_dict)
+        return self._stacked(self.one.state_dict_of)
 
     def load_state_dict(self, named: dict):
         """Refused (nothing changes) unless every array has the n slots first and fits one slot,
         and every slot's fixed weights are the bank's."""
-        split = []
         for name, v in named.items():
             if np.ndim(v) < 1 or np.shape(v)[0] != self.n:
                 raise ValueError(f"state '{name}' has shape {np.shape(v)}, expected {self.n} slots first")
-        one, old = self.one, self.one.buffers
-        try:
-            for s in range(self.n):
-                one.load_state_dict({k: np.asarray(v)[s:s + 1] for k, v in named.items()})
-                split.append(self._sharing(one.buffers))
-        finally:
-            one.buffers = old
-        self.states = split
+        self.states = [self._sharing(self.one.buffers_of({k: np.asarray(v)[s:s + 1] for k, v in named.items()}))
+                       for s in range(self.n)]
 
     def signature(self) -> dict:
         """``Slots(n, shared=False)``'s: the one-slot learner's with n slots first."""
@@ -175,18 +161,26 @@ class SlotBank:
     @property
     def params(self) -> dict:
         """Current weights, ``{name: array}``, slot axis first."""
-        return self._stacked(lambda: self.one.params)
+        return self._stacked(self.one.params_of)
 
     def predictor_state(self) -> dict:
         """``OnlineLearner.predictor_state`` of every slot, slot axis first."""
-        return self._stacked(self.one.predictor_state)
+        return self._stacked(self.one.predictor_state_of)
 
     def stats(self) -> dict:
         """Counters summed over slots ("step": the most any slot took), per-slot prequential
         loss and rolling metrics."""
-        per = self._each(self.one.stats)
+        per = [self.one.stats_of(b) for b in self.states]
         out = {k: sum(p[k] for p in per) for k, v in per[0].items() if isinstance(v, int)}
         out["step"] = max(p["step"] for p in per)
         out["prequential_loss"] = np.concatenate([p["prequential_loss"] for p in per])
         out["metrics"] = {k: np.concatenate([p["metrics"][k] for p in per]) for k in per[0]["metrics"]}
         return out
+
+
+def _fill(views, x, y, learn):
+    """One step's inputs into the views (x, y, active, learn) of a one-slot step."""
+    views[0][0] = x
+    views[1][0] = 0 if y is None else y
+    views[2][0] = True
+    views[3][0] = learn

@@ -197,8 +197,9 @@ class OnlineLearner:
         init = jax.jit(lambda p: self.layout.pack(self._init_state(p)))
         init_buffers = init(p0)
         self.buffers = init(p0)     # donated, not the initial ones
-        # the compiled programs (the engine's entry points) over these buffers
-        self.programs = Programs(self, init_buffers)
+        self.programs = Programs(self.layout, self.fns, init_buffers, slots=self.slots, per_slot=self.per_slot,
+                                 pairs=self.pairs, donate=self.donate, horizon=self.horizon,
+                                 x=(self.x_shape, self.x_dtype), y=(self.out_shape, self.y_dtype))
         self._state_dict_signature = None
         self._ones = np.ones(self.n, bool)
         self._no_target = np.zeros((self.n,) + self.out_shape if self.slots else self.out_shape, self.y_dtype)
@@ -248,9 +249,18 @@ class OnlineLearner:
     def state_dict(self) -> dict:
         """The whole learner state as ``{readable name: numpy array}``; the packed weight
         block and the optimizer state over it are split back into per-parameter names."""
-        return self._expand(self.layout.to_named(self.buffers))
+        return self.state_dict_of(self.buffers)
+
+    def state_dict_of(self, buffers) -> dict:
+        """``state_dict`` of ``buffers`` (a state of this learner's layout, e.g. a bank's slot)."""
+        return self._expand(self.layout.to_named(buffers))
 
     def load_state_dict(self, named: dict):
+        self.buffers = self.buffers_of(named)
+
+    def buffers_of(self, named: dict) -> tuple:
+        """The buffers of a ``state_dict``; a KeyError / ValueError (nothing built) if it
+        does not fit this learner's layout."""
         compact = self._collapse(named)
         missing = set(self.layout.names) - set(compact)
         if missing:
@@ -258,7 +268,7 @@ class OnlineLearner:
         for name, shape, _ in self.layout.entries():
             if tuple(np.shape(compact[name])) != shape:
                 raise ValueError(f"state '{name}' has shape {np.shape(compact[name])}, expected {shape}")
-        self.buffers = self.layout.from_named(compact)
+        return self.layout.from_named(compact)
 
     def _expand(self, named):
         out = {}
@@ -306,7 +316,11 @@ class OnlineLearner:
         >>> L.params["out.W"].shape, sorted(L.params)[:2]
         ((4, 1), ['cell.n.W', 'cell.n.b'])
         """
-        named = self.layout.to_named(self.buffers, prefix="params")
+        return self.params_of(self.buffers)
+
+    def params_of(self, buffers) -> dict:
+        """``params`` of ``buffers``."""
+        named = self.layout.to_named(buffers, prefix="params")
         store = self.fns.store
         if store.separate:
             stored = {k[len("params."):]: v for k, v in named.items()}
@@ -331,9 +345,13 @@ class OnlineLearner:
         >>> sorted(k for k in L.predictor_state() if k.startswith("readout"))
         ['readout.W', 'readout.err']
         """
+        return self.predictor_state_of(self.buffers)
+
+    def predictor_state_of(self, buffers) -> dict:
+        """``predictor_state`` of ``buffers``."""
         out = {}
         for prefix in PREDICTING:
-            for name, v in self.layout.to_named(self.buffers, prefix=prefix).items():
+            for name, v in self.layout.to_named(buffers, prefix=prefix).items():
                 if name not in NOT_PREDICTING:
                     out[name] = v
         return self._expand(out)
@@ -360,7 +378,11 @@ class OnlineLearner:
         >>> s["step"], s["updates"], s["prequential_loss"].shape, sorted(s["metrics"])[:3]
         (1, 1, (1,), ['mae', 'mse', 'n'])
         """
-        named = self.layout.to_named(self.buffers, prefix="stats.")
+        return self.stats_of(self.buffers)
+
+    def stats_of(self, buffers) -> dict:
+        """``stats`` of ``buffers``."""
+        named = self.layout.to_named(buffers, prefix="stats.")
         counters = named["stats.counters"].reshape(-1, len(COUNTERS))
         out = {name: int(counters[:, i].sum()) for i, name in enumerate(COUNTERS) if name != "since_update"}
         if self.per_slot:
@@ -371,7 +393,7 @@ class OnlineLearner:
         roll = {k: v.reshape(-1) if k == "n" else v.reshape(-1, v.shape[-1]) for k, v in roll.items()}
         out["metrics"] = self.fns.rolling.summary(roll)
         for key, name in (("screen", "outliers"), ("rollback", "rolled_back")):
-            got = self.layout.to_named(self.buffers, prefix=f"{key}.count")
+            got = self.layout.to_named(buffers, prefix=f"{key}.count")
             if got:
                 per = got[f"{key}.count"].reshape(-1)
                 out[name] = int(per.sum())
@@ -520,8 +542,32 @@ class OnlineLearner:
         learn = self._mask(learn, name="learn", n=m)
         x, y = self._check(x, target, learning=bool(learn.any()), n=m)
         active = self._mask(active, n=m)
-        rows = self.programs.run_subset(idx.astype(np.int32), 1, x[None], y[None], active[None], learn[None])
-        return self.programs.decode(rows[0], m=m)
+        return self.run_subset(idx.astype(np.int32), 1, x[None], y[None], active[None], learn[None])[0]
+
+    # ---- the engine's path (inputs already of the right shapes and dtypes, no validation) ----
+    def run(self, x, y, active, learn) -> StepResult:
+        """One step on the inputs of ``programs.step()`` (e.g. its ``inputs.views``, filled)."""
+        self.buffers, vec = self.programs.run(self.buffers, x, y, active, learn)
+        return self.programs.decode(vec)
+
+    def run_loop(self, count: int, xs, ys, active, learn) -> list[StepResult]:
+        """``count`` steps of all slots (``Programs.run_loop``), one StepResult each."""
+        P = self.programs
+        self.buffers, rows = P.run_loop(self.buffers, count, xs, ys, active, learn)
+        return [P.decode(rows[j]) for j in range(count)]
+
+    def run_subset(self, idx, count: int, xs, ys, active, learn) -> list[StepResult]:
+        """``count`` steps of the slots ``idx`` (``Programs.run_subset``), one StepResult each."""
+        P, m = self.programs, len(idx)
+        self.buffers, rows = P.run_subset(self.buffers, idx, count, xs, ys, active, learn)
+        return [P.decode(rows[j], m=m) for j in range(count)]
+
+    def run_predict(self, key, *inputs) -> StepResult:
+        """The first step's prediction of the program ``key`` (``Programs.predict``; None, ("loop",
+        k) or ("subset", m, k)) on its inputs, the state untouched (applied flags False)."""
+        P = self.programs
+        vec = P.run_predict(self.buffers, key, *inputs)
+        return P.decode(vec) if key is None else P.decode(vec[0], m=None if key[0] == "loop" else key[1])
 
     def label(self, y, age: int = 0, slot: int | None = None) -> LabelResult:
         """Give a step's target later: learn from it now.
@@ -556,6 +602,13 @@ class OnlineLearner:
         >>> bool(L.label(np.ones(1, np.float32), age=1).applied)
         True
         """
+        self.buffers, *got = self.label_of(self.buffers, y, age, slot)
+        return self.label_result(*got, age)
+
+    def label_of(self, buffers, y, age: int = 0, slot: int | None = None):
+        """``label`` on ``buffers``: (the new buffers, status, loss, applied, slot) for
+        ``label_result``; a bad label raises (``LabelError``) before anything runs. The
+        buffers are donated: keep the ones returned, also when ``label_result`` raises."""
         if not self.label_delay:
             raise ValueError("label() needs mode=Supervised(label_delay=d) with d >= 1")
         i = np.int32(0) if self.slots is None and slot is None else self._slot_index(slot)
@@ -568,10 +621,14 @@ class OnlineLearner:
             raise LabelError("unknown_label", f"age must be an integer >= 0 (steps back); got {age!r}")
         if age >= self.label_delay:
             raise LabelError("label_too_late", f"the step {age} steps back is beyond label_delay = {self.label_delay}")
-        self.buffers, status, loss, applied = self.programs.label()(self.buffers, i, np.int32(age), y)
+        return (*self.programs.label()(buffers, i, np.int32(age), y), i)
+
+    @staticmethod
+    def label_result(status, loss, applied, slot, age: int) -> LabelResult:
+        """A label program's outcome (``label_of``): its LabelResult, or its ``LabelError``."""
         status = int(status)
         if status:
-            raise LabelError(LABEL_CODES[status], _LABEL_MESSAGES[status].format(age=age, slot=i))
+            raise LabelError(LABEL_CODES[status], _LABEL_MESSAGES[status].format(age=age, slot=slot))
         return LabelResult(float(loss), bool(applied))
 
     def reset_slot(self, slot: int):
@@ -631,30 +688,19 @@ class OnlineLearner:
         >>> sorted(L.read_slot(0))
         ['hidden', 'rollback', 'stats', 'traces']
         """
-        i = self._slot_index(slot)
-        return jax.device_get(self.programs.read_slot()(self.buffers, i))
+        return self.read_slot_of(self.buffers, slot)
+
+    def read_slot_of(self, buffers, slot: int) -> dict:
+        """``read_slot`` of ``buffers``."""
+        return jax.device_get(self.programs.read_slot()(buffers, self._slot_index(slot)))
 
     def write_slot(self, slot: int, part: dict):
-        """Replace ``slot``'s state with ``part``; the other slots are untouched.
+        """Replace ``slot``'s state with ``part`` (from ``read_slot``); other slots are untouched."""
+        self.buffers = self.write_slot_of(self.buffers, slot, part)
 
-        Parameters
-        ----------
-        slot : int
-            The slot index, 0..N-1.
-        part : dict
-            A slot's state from ``read_slot`` of this learner (any slot).
-
-        Examples
-        --------
-        >>> import numpy as np, streamtrace as st
-        >>> model = st.nn.Stack("gru", n_in=1, n_hidden=4, n_out=1)
-        >>> L = st.OnlineLearner(model, np.zeros(1, np.float32), slots=2)
-        >>> _ = L.step(np.ones((2, 1), np.float32), np.ones((2, 1), np.float32))
-        >>> L.write_slot(1, L.read_slot(0))
-        >>> r = L.step(np.ones((2, 1), np.float32), np.ones((2, 1), np.float32))
-        >>> bool(r.prediction[0, 0] == r.prediction[1, 0])
-        True
-        """
+    def write_slot_of(self, buffers, slot: int, part: dict) -> tuple:
+        """``buffers`` with ``slot``'s state replaced by ``part`` (the buffers given are kept:
+        nothing donated); a ValueError if ``part`` does not fit."""
         i = self._slot_index(slot)
         program = self.programs.write_slot()
         want = self.programs.slot_struct()
@@ -662,7 +708,7 @@ class OnlineLearner:
                 np.shape(a) != w.shape for a, w in zip(jax.tree_util.tree_leaves(part), jax.tree_util.tree_leaves(want))):
             raise ValueError("slot state does not match this learner's slot layout (use read_slot of the same learner)")
         part = jax.tree_util.tree_map(lambda a, w: np.asarray(a, w.dtype), part, want)
-        self.buffers = program(self.buffers, i, part)
+        return program(buffers, i, part)
 
     # ---- checkpoints ------------------------------------------------------------------
     def signature(self) -> dict:

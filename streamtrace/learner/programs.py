@@ -59,8 +59,9 @@ class _Call:
 
 
 class Programs:
-    """The compiled programs of one learner, over its buffers (``learner.buffers``, which the
-    ``run*`` calls replace).
+    """The compiled programs of one learner: functions of (buffers, inputs) -> (buffers,
+    outputs). They hold no state; whoever owns the buffers (the learner, a slot bank's slot)
+    passes them in and keeps what comes back.
 
     Programs (each compiled once, cached by key): ``step(k)`` (key k: None for one step, or
     a scan of k), ``loop(k)`` (("loop", k)), ``subset(m, k)`` (("subset", m, k)), ``reset()``,
@@ -68,16 +69,19 @@ class Programs:
     ``run_subset``; ``decode`` splits their output vectors. ``pure_step()``: the step as a
     pure function of the named state tree."""
 
-    def __init__(self, learner, init_buffers):
-        self._learner = learner
-        L = learner
-        self.layout, self.fns, self.n, self.slots = L.layout, L.fns, L.n, L.slots
-        self.per_slot, self.pairs, self.donate, self.horizon = L.per_slot, L.pairs, L.donate, L.horizon
-        self.x_shape, self.x_dtype, self.out_shape, self.y_dtype = L.x_shape, L.x_dtype, L.out_shape, L.y_dtype
+    def __init__(self, layout, fns, init_buffers, *, slots, per_slot, pairs, donate, horizon, x, y):
+        """``layout`` (packing.Layout) and ``fns`` (step.StepFunctions) of a learner whose
+        initial state is ``init_buffers``; ``slots`` (None: no slot axis), ``per_slot`` (a
+        model per slot), ``pairs`` (per-slot models step in pairs), ``donate``, ``horizon``;
+        ``x``, ``y``: (shape, dtype) of one slot's input and target. The programs hold no
+        state: every run takes the buffers and returns the new ones."""
+        self.layout, self.fns, self.slots, self.n = layout, fns, slots, slots or 1
+        self.per_slot, self.pairs, self.donate, self.horizon = per_slot, pairs, donate, horizon
+        (self.x_shape, self.x_dtype), (self.out_shape, self.y_dtype) = x, y
         self._init_buffers = init_buffers
         # the buffers' shapes, to compile from: the buffers themselves may be donated (deleted)
         # by a step on the serving thread while another thread compiles (the engine's warm-up)
-        self.avals = tuple(jax.ShapeDtypeStruct(b.shape, b.dtype) for b in L.buffers)
+        self.avals = tuple(jax.ShapeDtypeStruct(b.shape, b.dtype) for b in init_buffers)
         self._compiled = {}
         # where compiled step programs may be loaded from and kept (load(name) / save(name,
         # compiled)): the engine's executable store (engine/executables.py), else None
@@ -280,34 +284,30 @@ class Programs:
         return step
 
     # ---- runs (the engine's path: no validation) ---------------------------------------
-    def run(self, x, y, active, learn, k: int | None = None) -> np.ndarray:
+    def run(self, buffers, x, y, active, learn, k: int | None = None):
         """Arrays already of the right shapes and dtypes (a leading k axis for k steps), no
-        validation; returns the raw output vector (see ``decode``)."""
-        L = self._learner
-        L.buffers, vec = self.step(k)(L.buffers, x, y, active, learn)
-        return np.asarray(vec)
+        validation: (the new buffers, the raw output vector (see ``decode``))."""
+        buffers, vec = self.step(k)(buffers, x, y, active, learn)
+        return buffers, np.asarray(vec)
 
-    def run_loop(self, count: int, xs, ys, active, learn) -> np.ndarray:
+    def run_loop(self, buffers, count: int, xs, ys, active, learn):
         """For many busy slots: ``count`` steps of all slots; xs, ys, active, learn (K, N, ...)
         of which the first ``count`` are used (K: the compiled size, see ``loop``). Returns
-        (K, vector) rows; the first ``count`` are the steps'."""
-        L = self._learner
-        L.buffers, vecs = self.loop(len(xs))(L.buffers, np.int32(count), xs, ys, active, learn)
-        return np.asarray(vecs)
+        (the new buffers, (K, vector) rows); the first ``count`` rows are the steps'."""
+        buffers, vecs = self.loop(len(xs))(buffers, np.int32(count), xs, ys, active, learn)
+        return buffers, np.asarray(vecs)
 
-    def run_subset(self, idx, count: int, xs, ys, active, learn) -> np.ndarray:
+    def run_subset(self, buffers, idx, count: int, xs, ys, active, learn):
         """For a few busy slots: ``count`` steps of slots ``idx`` (m,) int32, distinct; xs, ys,
         active, learn (K, m, ...) of which the first ``count`` are used (K: the compiled size,
-        see ``subset``). Returns (K, vector) rows; the first ``count`` are the steps' results
-        (``decode(row, m=m)``)."""
-        L = self._learner
-        m, k = len(idx), len(xs)
-        L.buffers, vecs = self.subset(m, k)(L.buffers, idx, np.int32(count), xs, ys, active, learn)
-        return np.asarray(vecs)
+        see ``subset``). Returns (the new buffers, (K, vector) rows); the first ``count`` rows
+        are the steps' results (``decode(row, m=m)``)."""
+        buffers, vecs = self.subset(len(idx), len(xs))(buffers, idx, np.int32(count), xs, ys, active, learn)
+        return buffers, np.asarray(vecs)
 
-    def run_predict(self, key, *inputs) -> np.ndarray:
-        """``predict(key)`` on the learner's buffers (left as they are): its output vector."""
-        return np.asarray(self.predict(key)(self._learner.buffers, *inputs))
+    def run_predict(self, buffers, key, *inputs) -> np.ndarray:
+        """``predict(key)`` on ``buffers`` (left as they are: nothing donated): its output vector."""
+        return np.asarray(self.predict(key)(buffers, *inputs))
 
     def decode(self, vec, k: int | None = None, m: int | None = None) -> list[StepResult] | StepResult:
         """Split ``run``'s vector into StepResults (a list when k is given); m: the slot count

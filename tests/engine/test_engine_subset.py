@@ -62,7 +62,7 @@ def test_few_busy_streams_step_their_slots_only_and_every_answer_equals_a_learne
     assert core.banked and core.subsets == []
     calls = []
     run = core.learner.run
-    core.learner.run = lambda slot: calls.append(slot) or run(slot)
+    core.learner.run = lambda slot, *step: calls.append(slot) or run(slot, *step)
     io = Streams(core)
     for burst in BURSTS:
         calls.clear()
@@ -91,9 +91,9 @@ def test_with_shared_weights_few_busy_streams_take_a_subset_call_and_many_the_ca
     assert core.subsets == [2, 4] and core.ready_subsets == [2, 4] and core.looped
     calls = []
     L = core.learner
-    subset, full = L.programs.run_subset, L.programs.run_loop
-    L.programs.run_subset = lambda idx, count, *a: calls.append(("subset", len(idx), count)) or subset(idx, count, *a)
-    L.programs.run_loop = lambda count, *a: calls.append(("all", a[0].shape)) or full(count, *a)
+    subset, full = L.run_subset, L.run_loop
+    L.run_subset = lambda idx, count, *a: calls.append(("subset", len(idx), count)) or subset(idx, count, *a)
+    L.run_loop = lambda count, *a: calls.append(("all", a[0].shape)) or full(count, *a)
     io = Streams(core)
     plan = [("subset", 2, 1), ("subset", 2, 1), ("subset", 2, 3), ("subset", 2, 1), ("subset", 4, 1),
             ("subset", 2, 4), "all", ("subset", 2, 2), ("subset", 4, 2), ("subset", 2, 2)]

@@ -62,7 +62,8 @@ def run(L, steps, seed=0):
         views[1][...] = rng.normal(size=views[1].shape)
         views[3][...] = rng.random(views[3].shape) < 0.7      # which slots are busy
         views[4][...] = True
-        outs.append(P.run_loop(1, *views[1:]))
+        L.buffers, out = P.run_loop(L.buffers, 1, *views[1:])
+        outs.append(out)
     return np.stack(outs), [np.asarray(b) for b in L.buffers]
 
 

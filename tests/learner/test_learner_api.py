@@ -201,8 +201,9 @@ def test_the_engine_programs_live_on_learner_programs():
         assert not hasattr(L, name), name
     P = L.programs
     x, y, a = P.example_inputs(None)
-    r = P.decode(P.run(x, y, a, a))
+    L.buffers, vec = P.run(L.buffers, x, y, a, a)
+    r = P.decode(vec)
     assert r.prediction.shape == (2, N_OUT) and P.is_compiled(None) and P.keys() == [None]
-    rows = P.run_subset(np.int32([1]), 1, x[None, :1], y[None, :1], a[None, :1], a[None, :1])
+    L.buffers, rows = P.run_subset(L.buffers, np.int32([1]), 1, x[None, :1], y[None, :1], a[None, :1], a[None, :1])
     assert P.decode(rows[0], m=1).prediction.shape == (1, N_OUT) and P.is_compiled(("subset", 1, 1))
     assert jax.tree_util.tree_structure(L.read_slot(0)) == jax.tree_util.tree_structure(P.slot_struct())

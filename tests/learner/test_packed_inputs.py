@@ -71,10 +71,10 @@ def test_a_step_fed_through_its_input_views_equals_one_fed_copies(slots):
     for _ in range(4):
         x, y = rng.normal(size=lead + (2,)).astype(np.float32), rng.normal(size=lead + (1,)).astype(np.float32)
         on = np.ones(a.n, bool)
-        vec_a = a.programs.run(x, y, on, on)
+        a.buffers, vec_a = a.programs.run(a.buffers, x, y, on, on)
         views = b.programs.step().inputs.views
         views[0][...], views[1][...], views[2][...], views[3][...] = x, y, on, on
-        vec_b = b.programs.run(*views)
+        b.buffers, vec_b = b.programs.run(b.buffers, *views)
         assert vec_a.tobytes() == vec_b.tobytes()
     for k, v in a.state_dict().items():
         assert np.asarray(v).tobytes() == np.asarray(b.state_dict()[k]).tobytes(), k

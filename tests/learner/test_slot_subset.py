@@ -110,7 +110,7 @@ def test_several_steps_in_one_subset_call_equal_that_many_full_steps(x64):
             lf = np.zeros(N, bool)
             lf[idx] = learn[j]
             want.append(full.step(x, active=a, learn=lf))
-        rows = sub.programs.run_subset(idx, count, xs, np.zeros((K, 2, 2)), act, learn)
+        sub.buffers, rows = sub.programs.run_subset(sub.buffers, idx, count, xs, np.zeros((K, 2, 2)), act, learn)
         assert rows.shape[0] == K
         for j in range(count):
             got = sub.programs.decode(rows[j], m=2)
