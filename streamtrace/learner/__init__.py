@@ -12,7 +12,7 @@ from .checkpoint import (
            read_checkpoint,
            write_checkpoint,
 )
-from .core import OnlineLearner, StepResult
+from .online import OnlineLearner, StepResult
 from .experts import experts
 from .feedback import feedback
 from .groups import param_groups

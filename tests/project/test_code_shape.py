@@ -135,12 +135,12 @@ def upward_imports(graph: dict[str, set[str]], layers=None) -> list[str]:
 
 
 def test_the_layer_check_sees_an_upward_import():
-    graph = {"streamtrace.learner.core": {"streamtrace.engine.server"},      # up
-             "streamtrace.engine.core": {"streamtrace.learner.core"},        # down
+    graph = {"streamtrace.learner.online": {"streamtrace.engine.server"},      # up
+             "streamtrace.engine.core": {"streamtrace.learner.online"},        # down
              "streamtrace.export.cli": {"streamtrace.cluster.worker"},       # sideways
              "streamtrace.mystery": {"streamtrace.wire"}}                    # not in the table
     assert upward_imports(graph) == ["streamtrace.export.cli -> streamtrace.cluster.worker",
-                                     "streamtrace.learner.core -> streamtrace.engine.server",
+                                     "streamtrace.learner.online -> streamtrace.engine.server",
                                      "streamtrace.mystery -> streamtrace.wire"]
 
 
