@@ -86,6 +86,10 @@ class RunnerCore:
             return self._refuse(origin, "internal", f"the runner failed to handle this message "
                                 f"({type(e).__name__}); it was refused and nothing was learned from it", None, None)
 
+    def has_pending(self) -> bool:
+        """False: a message steps at ``ingest`` (``EngineCore``'s interface, whose steps queue)."""
+        return False
+
     def reject(self, origin, code: str, message: str) -> list:
         """A message refused before its payload could be read (its framing)."""
         self.counters["received"] += 1
@@ -103,9 +107,9 @@ class RunnerCore:
                 self.counters["answered"] += 1
                 return [("reply", origin, self.weights_message("snapshot"))]
             if kind == "label":
-                wire.decode_label(msg, self.y_shape, self.y_dtype)
-                raise wire.WireError("bad_type", "label messages need learning.label_delay >= 1 (this "
-                                     "runner takes targets with their data messages only)")
+                label = wire.decode_label(msg, self.y_shape, self.y_dtype)
+                return self._refuse(origin, "bad_type", "label messages need learning.label_delay >= 1 (this "
+                                    "runner takes targets with their data messages only)", label["stream"], label["seq"])
             if kind != "data":
                 raise wire.WireError("bad_type", f"unknown message type {kind!r}; expected 'data', 'label' "
                                      "or 'get_weights'")

@@ -71,6 +71,7 @@ class Runner:
         self._fn = self._ctx.modules[module.name][m["function"]]
         self._in = {k: (tuple(shape), np.dtype(dt)) for k, (shape, dt) in m["inputs"].items()}
         self._ones = np.ones(*self._in["active"])
+        self._fixed = m.get("fixed_from", len(m["buffers"]))
         self._no_target = np.zeros(*self._in["y"])
         out = m["outputs"]
         self._pred_shape, self._n = tuple(out["prediction"]), out["loss"]
@@ -113,7 +114,11 @@ class Runner:
         y = self._no_target if y is None else self._input("y", y)
         active = self._ones if active is None else self._input("active", active)
         learn = self._ones if learn is None else self._input("learn", learn)
-        *self._buffers, vec = self._fn(*self._buffers, self._input("x", x), y, active, learn)
+        *out, vec = self._fn(*self._buffers, self._input("x", x), y, active, learn)
+        # the frozen weights' buffers (from ``fixed_from`` on) never change: kept as they came in
+        # (the program hands them back with some zeros' signs flipped, which a bank, serve's or
+        # bank.py's, would take for different weights)
+        self._buffers = out[:self._fixed] + self._buffers[self._fixed:]
         self.steps += 1
         return self.decode(vec.to_host())
 

@@ -106,7 +106,8 @@ def export_learner(config, out, target: str = "host", slots: int = 1) -> dict:
         "format": FORMAT, "version": 1, "target": target, "triple": TARGETS[target][0],
         "function": "main", "buffers": buffers, "inputs": {k: arg(a) for k, a in zip(
             ("x", "y", "active", "learn"), ins[len(buffers):])},
-        "output": arg(outs[-1]), "outputs": _outputs(learner), "weights": _weights(learner), "slots": learner.n,
+        "output": arg(outs[-1]), "outputs": _outputs(learner), "weights": _weights(learner),
+        "fixed_from": int(learner.layout.fixed_from), "slots": learner.n,
         "precision": cfg.model.precision, "tanh64_rewritten": tanh, "signature": learner.signature(),
         "config": {k: dataclasses.asdict(getattr(cfg, k)) for k in LEARNER_SECTIONS},
         "versions": _versions(), "sha256": _sha256(folder)}
