@@ -45,13 +45,13 @@ class RunnerBank:
         """The slot's state back to the export's initial one."""
         self.slots[slot] = self._initial
 
-    def slot_state(self, slot: int) -> dict:
-        """{checkpoint name: array} of one slot (a leading axis of 1)."""
-        return self.runner.map.named([b.to_host() for b in self.slots[slot]])
+    def slot_state(self, slot: int, names=None) -> dict:
+        """{checkpoint name: array} of one slot (a leading axis of 1); ``names``: only those."""
+        return self.runner.map.named([b.to_host() for b in self.slots[slot]], names)
 
-    def state_dict(self) -> dict:
-        """{checkpoint name: array} with the n slots first."""
-        per = [self.slot_state(s) for s in range(self.n)]
+    def state_dict(self, names=None) -> dict:
+        """{checkpoint name: array} with the n slots first; ``names``: only those."""
+        per = [self.slot_state(s, names) for s in range(self.n)]
         return {k: np.concatenate([p[k] for p in per]) for k in per[0]}
 
     def load_state_dict(self, named: dict):

@@ -38,7 +38,9 @@ def serve(args) -> int:
         if args.slots < 1 or args.checkpoint_every < 1:
             raise ValueError("--slots and --checkpoint-every must be >= 1")
         opt = Options(slots=args.slots, idle_timeout_s=args.idle_timeout_s, on_gap=args.on_gap,
-                      checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every)
+                      checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
+                      # without a PUB socket nothing is published: no weights or predictions made for it
+                      weights_every=100 if args.pub else 0, predictions=bool(args.pub))
         core = RunnerCore(RunnerBank(Runner(args.folder), args.slots), opt)
         resumed = core.resume()
         server = RunnerServer(core, Sockets(args.router, args.pull, args.pub, curve_secret_key_file=args.curve_secret_key_file,

@@ -207,7 +207,7 @@ class RunnerCore:
         """{"params.<name>" | "state.<name>": array, slots first}: the manifest's ``weights`` map
         (the learner's ``params`` and ``predictor_state`` names -> checkpoint names)."""
         where = self.bank.runner.manifest.get("weights", {"params": {}, "state": {}})
-        state = self.bank.state_dict()
+        state = self.bank.state_dict({*where["params"].values(), *where["state"].values()})
         return {**{f"params.{n}": state[k] for n, k in where["params"].items()},
                 **{f"state.{n}": state[k] for n, k in where["state"].items()}}
 

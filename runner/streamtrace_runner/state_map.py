@@ -42,11 +42,13 @@ class StateMap:
             return 0, pos
         return int(pos.flat[0] >> SHIFT), pos & ((1 << SHIFT) - 1)
 
-    def named(self, buffers) -> dict:
-        """{checkpoint name: numpy array} of host buffers."""
+    def named(self, buffers, names=None) -> dict:
+        """{checkpoint name: numpy array} of host buffers (``names``: only those)."""
         flat = [np.asarray(b).reshape(-1) for b in buffers]
         out = {}
         for name, pos in self.positions.items():
+            if names is not None and name not in names:
+                continue
             b, at = self._where(name)
             out[name] = flat[b][at].copy() if pos.size else np.zeros(pos.shape, flat[b].dtype)
         return out
