@@ -8,7 +8,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 # the installed package's folders: adapters/ is installed as streamtrace.adapters (pyproject.toml)
-PACKAGES = {"streamtrace": ROOT / "streamtrace", "streamtrace.adapters": ROOT / "adapters"}
+PACKAGES = {"streamtrace": ROOT / "streamtrace", "streamtrace.adapters": ROOT / "adapters",
+            "streamtrace_runner": ROOT / "runner" / "streamtrace_runner"}
 MAX_FUNCTION_LINES = 80
 
 

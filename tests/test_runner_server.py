@@ -154,3 +154,17 @@ def test_a_folder_that_is_not_an_export_is_refused_in_one_line(tmp_path):
     r = subprocess.run([sys.executable, "-m", "streamtrace_runner", "serve", str(tmp_path)],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "not an exported learner" in r.stderr
+
+
+def test_the_runner_docstring_examples_run():
+    import doctest
+
+    import streamtrace_runner.bank
+    import streamtrace_runner.core
+    import streamtrace_runner.runtime
+    import streamtrace_runner.server
+    import streamtrace_runner.state_map
+    for module in (streamtrace_runner.state_map, streamtrace_runner.runtime, streamtrace_runner.bank,
+                   streamtrace_runner.core, streamtrace_runner.server):
+        result = doctest.testmod(module)
+        assert result.attempted > 0 and result.failed == 0, module.__name__
