@@ -6,7 +6,18 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["RunnerBank"]
+__all__ = ["RunnerBank", "grown_signature"]
+
+
+def grown_signature(sig: dict, n: int) -> dict:
+    """A one-slot learner's checkpoint signature ``sig`` for a bank of ``n`` slots (every state
+    array with the n slots first): what ``serve``'s slot bank and this one write.
+
+    >>> grown_signature({"slots": 1, "state": [["w", [1, 3], "<f8"]], "state_dict": []}, 4)["state"]
+    [['w', [4, 3], '<f8']]
+    """
+    grow = lambda entries: [[name, [n] + list(shape[1:]), dt] for name, shape, dt in entries]
+    return {**sig, "slots": n, "state": grow(sig["state"]), "state_dict": grow(sig["state_dict"])}
 
 
 class RunnerBank:
@@ -65,6 +76,4 @@ class RunnerBank:
 
     def signature(self) -> dict:
         """The one-slot signature with n slots first (what ``serve``'s bank writes)."""
-        sig = self.runner.manifest["signature"]
-        grow = lambda entries: [[name, [self.n] + list(shape[1:]), dt] for name, shape, dt in entries]
-        return {**sig, "slots": self.n, "state": grow(sig["state"]), "state_dict": grow(sig["state_dict"])}
+        return grown_signature(self.runner.manifest["signature"], self.n)
