@@ -5,10 +5,10 @@ PYTHON ?= python3
 
 .PHONY: demo test bench quality clean broker browser arm iproute
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml runner/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e ./runner -e '.[test]'
 	touch $@
 
 demo: $(VENV)/.installed

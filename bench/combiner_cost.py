@@ -37,7 +37,7 @@ def combiner_at(commit: str):
 
 
 def sides(before: str, max_period: int) -> dict:
-    import streamtrace.engine.build as build
+    import streamtrace.recipe.build as build
     from timing import step_call
     from streamtrace.evaluation.scoring import default_config, task_config
     from streamtrace.evaluation.tasks import get_task

@@ -20,8 +20,8 @@ import numpy as np
 from ..checkpoints import write_checkpoint
 from .learner import learner_of, load_config
 from .program import ExportError, compile_program, step_program
-from .runner import FILES, FORMAT
-from .state_map import SHIFT, StateMap
+from streamtrace_runner.runtime import FILES, FORMAT
+from streamtrace_runner.state_map import SHIFT, StateMap
 from .targets import TARGETS
 
 __all__ = ["export_learner", "FORMAT", "FILES"]
@@ -56,6 +56,14 @@ def _outputs(learner) -> dict:
     pred = one if learner.slots is None else (learner.n,) + one
     return {"prediction": list(pred), "loss": learner.n, "per_slot_applied": bool(learner.per_slot),
             "events": list(learner.programs.events)}
+
+
+def _weights(learner) -> dict:
+    """What a weights message carries, as checkpoint names: {"params": {params name: name},
+    "state": {predictor_state name: name}} (the runner's server sends them as ``serve`` does)."""
+    names = list(learner.state_dict())
+    params = {n: next(k for k in names if k.startswith("params.") and k.endswith("." + n)) for n in learner.params}
+    return {"params": params, "state": {n: n for n in learner.predictor_state() if n in names}}
 
 
 def _check_exportable(cfg):
@@ -98,7 +106,8 @@ def export_learner(config, out, target: str = "host", slots: int = 1) -> dict:
         "format": FORMAT, "version": 1, "target": target, "triple": TARGETS[target][0],
         "function": "main", "buffers": buffers, "inputs": {k: arg(a) for k, a in zip(
             ("x", "y", "active", "learn"), ins[len(buffers):])},
-        "output": arg(outs[-1]), "outputs": _outputs(learner), "slots": learner.n,
+        "output": arg(outs[-1]), "outputs": _outputs(learner), "weights": _weights(learner),
+        "fixed_from": int(learner.layout.fixed_from), "slots": learner.n,
         "precision": cfg.model.precision, "tanh64_rewritten": tanh, "signature": learner.signature(),
         "config": {k: dataclasses.asdict(getattr(cfg, k)) for k in LEARNER_SECTIONS},
         "versions": _versions(), "sha256": _sha256(folder)}

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import jax
 import numpy as np
+from streamtrace_runner.bank import grown_signature      # jax-free, shared with the runner's bank
 
 from .packing import path_name
 from .result import StepResult
@@ -154,9 +155,7 @@ class SlotBank:
 
     def signature(self) -> dict:
         """``Slots(n, shared=False)``'s: the one-slot learner's with n slots first."""
-        sig = self.one.signature()
-        grow = lambda entries: [[name, [self.n] + list(shape[1:]), dt] for name, shape, dt in entries]
-        return {**sig, "slots": self.n, "state": grow(sig["state"]), "state_dict": grow(sig["state_dict"])}
+        return grown_signature(self.one.signature(), self.n)
 
     @property
     def params(self) -> dict:

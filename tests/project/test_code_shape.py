@@ -10,7 +10,8 @@ import re
 from pathlib import Path
 
 # the installed package's folders: adapters/ is installed as streamtrace.adapters (pyproject.toml)
-PACKAGES = {"streamtrace": ROOT / "streamtrace", "streamtrace.adapters": ROOT / "adapters"}
+PACKAGES = {"streamtrace": ROOT / "streamtrace", "streamtrace.adapters": ROOT / "adapters",
+            "streamtrace_runner": ROOT / "runner" / "streamtrace_runner"}
 MAX_FUNCTION_LINES = 80
 
 
@@ -92,6 +93,7 @@ def test_streamtrace_imports_have_no_cycle():
 # The layers, lowest first: a module may import its own package and any package of a lower layer,
 # nothing else (docs/architecture.md draws them). The package root's modules are named by file.
 LAYERS = [
+    {"streamtrace_runner"},              # the jax-free runner distribution: wire, checkpoints, runtime
     {"streamtrace", "units", "addresses", "_imports", "wire", "checkpoints"},   # jax-free basics
     {"arguments"},                       # command-line argument types (with units)
     {"transport"},                       # ZeroMQ clients, subscribers, the echo floor
@@ -112,6 +114,8 @@ EVALUATION = {"tasks", "files", "evaluate"}     # the root's deprecated names of
 def package_of(module: str) -> str:
     """The layer-table name of a module: its subpackage, or the root module's own name."""
     parts = module.split(".")
+    if parts[0] == "streamtrace_runner":
+        return "streamtrace_runner"
     if len(parts) == 1:
         return "streamtrace"
     name = parts[1]

@@ -1,0 +1,124 @@
+"""The runner's server (``streamtrace-runner serve``) against ``streamtrace serve``, side by side in
+one run, the default learner, one stream, the same client (``launch.roundtrips``: SensorClient):
+
+    python bench/runner_server.py [--steps 2000] [--rounds 3] [--cgroup-mb 48] [--md FILE]
+
+Per round and side, a fresh process: start to first answer (Popen to the first reply a client
+polling the ROUTER gets), ``steps`` timed round trips after 200 untimed (median, p99), the peak
+RSS (VmHWM). Then the runner alone inside a cgroup-v1 memory cgroup of ``--cgroup-mb`` (the
+process and its children; swap off through memory.memsw where the kernel has it): steps
+answered and the cgroup's OOM kills. Ratios: median over rounds of runner / serve.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+CG = Path("/sys/fs/cgroup/memory")
+
+
+def _first_answer(proc, endpoint, t0) -> float:
+    from streamtrace.transport import SensorClient
+    with SensorClient(endpoint, stream="first", timeout_s=0.05) as c:
+        while True:
+            try:
+                c.step(np.zeros(1))
+                return time.perf_counter() - t0
+            except TimeoutError:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"exited with {proc.returncode}") from None
+                c.numbering.next.pop("first", None)
+
+
+def _peak_rss_mb(pid) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def one(side, folder, work, steps, preexec=None) -> dict:
+    from streamtrace.transport.timing import roundtrips
+    sock = f"ipc://{work}/{side}"
+    if side == "runner":
+        cmd = [sys.executable, "-m", "streamtrace_runner", "serve", str(folder), "--router", sock, "--pull", "", "--pub", ""]
+    else:
+        cfg = Path(work) / "serve.toml"
+        cfg.write_text(f'[sockets]\nrouter = "{sock}"\npull = ""\npub = ""\n')
+        cmd = [sys.executable, "-m", "streamtrace", "serve", "--config", str(cfg)]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=preexec)
+    try:
+        start = _first_answer(proc, sock, t0)
+        rt = roundtrips(sock, steps, None, warmup=200)
+        return {"start_s": start, "rt_p50_us": float(np.median(rt)), "rt_p99_us": float(np.percentile(rt, 99)),
+                "rss_mb": _peak_rss_mb(proc.pid), "pid": proc.pid}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+
+
+def in_cgroup(folder, work, steps, mb) -> str:
+    if not (CG / "memory.limit_in_bytes").exists():
+        return f"no cgroup-v1 memory controller at {CG}: not run"
+    group = CG / f"streamtrace-runner-bench-{os.getpid()}"
+    group.mkdir()
+    try:
+        (group / "memory.limit_in_bytes").write_text(str(mb << 20))
+        if (group / "memory.memsw.limit_in_bytes").exists():
+            (group / "memory.memsw.limit_in_bytes").write_text(str(mb << 20))
+        procs = str(group / "cgroup.procs")
+        got = one("runner", folder, work, steps, preexec=lambda: Path(procs).write_text(str(os.getpid())))
+        ooms = [line for line in (group / "memory.oom_control").read_text().splitlines() if line.startswith("oom_kill ")]
+        peak = int((group / "memory.max_usage_in_bytes").read_text()) / 2**20
+        return (f"{steps + 201} steps answered inside a {mb} MB memory cgroup (v1), cgroup peak {peak:.1f} MB, "
+                f"{ooms[0] if ooms else 'oom_kill n/a'}; round trip p50 {got['rt_p50_us']:.0f} us")
+    except Exception as e:   # noqa: BLE001 - a bench reports what happened
+        return f"in a {mb} MB cgroup: {type(e).__name__}: {e}"
+    finally:
+        group.rmdir()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=2000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--cgroup-mb", type=int, default=48)
+    ap.add_argument("--md", default=None)
+    a = ap.parse_args()
+    from streamtrace.export.write import export_learner
+    work = tempfile.mkdtemp(prefix="rs-", dir="/tmp")
+    export_learner(None, Path(work) / "default")
+    rows = {"runner": [], "serve": []}
+    for _ in range(a.rounds):
+        for side in ("runner", "serve"):
+            rows[side].append(one(side, Path(work) / "default", work, a.steps))
+    med = lambda side, k: statistics.median(r[k] for r in rows[side])
+    ratio = lambda k: statistics.median(r[k] / s[k] for r, s in zip(rows["runner"], rows["serve"]))
+    lines = [f"runner server vs serve, default learner, one stream, {a.steps} round trips x {a.rounds} rounds, "
+             f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs (shared)", "",
+             "| | runner | serve | runner / serve |", "|---|---|---|---|"]
+    for k, name in (("start_s", "start to first answer (s)"), ("rt_p50_us", "round trip p50 (us)"),
+                    ("rt_p99_us", "round trip p99 (us)"), ("rss_mb", "peak RSS (MB)")):
+        lines.append(f"| {name} | {med('runner', k):.3g} | {med('serve', k):.3g} | {ratio(k):.3f} |")
+    lines += ["", in_cgroup(Path(work) / "default", work, a.steps, a.cgroup_mb)]
+    text = "\n".join(lines)
+    print(text)
+    if a.md:
+        Path(a.md).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""A model per stream: ``n`` states of one exported one-slot learner, each stepped alone by the
+same program (as ``serve``'s slot bank), read and written as the bank's checkpoints: every
+array with the ``n`` slots first, the one-slot signature grown to ``n`` slots, so a checkpoint
+crosses between ``serve`` and the runner both ways."""
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["RunnerBank", "grown_signature"]
+
+
+def grown_signature(sig: dict, n: int) -> dict:
+    """A one-slot learner's checkpoint signature ``sig`` for a bank of ``n`` slots (every state
+    array with the n slots first): what ``serve``'s slot bank and this one write.
+
+    >>> grown_signature({"slots": 1, "state": [["w", [1, 3], "<f8"]], "state_dict": []}, 4)["state"]
+    [['w', [4, 3], '<f8']]
+    """
+    grow = lambda entries: [[name, [n] + list(shape[1:]), dt] for name, shape, dt in entries]
+    return {**sig, "slots": n, "state": grow(sig["state"]), "state_dict": grow(sig["state_dict"])}
+
+
+class RunnerBank:
+    """``n`` per-stream states of ``runner`` (a ``runtime.Runner`` of a one-slot export).
+
+    >>> import tempfile
+    >>> from streamtrace.export.write import export_learner     # (where streamtrace is installed)
+    >>> from streamtrace_runner.runtime import Runner
+    >>> folder = tempfile.mkdtemp(); _ = export_learner(None, folder)
+    >>> bank = RunnerBank(Runner(folder), 4)
+    >>> prediction, loss, applied = bank.step(2, np.array([0.5]), None, True)
+    >>> bank.state_dict()["stats.counters"].shape[0], bank.signature()["slots"]
+    (4, 4)
+    """
+
+    def __init__(self, runner, n: int):
+        if runner.manifest["slots"] != 1:
+            raise ValueError(f"a bank steps a one-slot export; this one has {runner.manifest['slots']} slots "
+                             "(export with --slots 1)")
+        self.runner, self.n = runner, n
+        self._initial = list(runner.buffers)
+        self.slots = [self._initial] * n     # the program never writes its inputs: shared until stepped
+        self._learn = np.zeros(1, bool)
+
+    def step(self, slot: int, x, y, learn: bool):
+        """One step of ``slot``: (prediction, loss, applied) of its one slot; its events
+        (outlier, rolled_back) in ``runner.events``."""
+        r = self.runner
+        r.buffers = self.slots[slot]
+        self._learn[0] = learn
+        out = r.step(np.asarray(x)[None], None if y is None else np.asarray(y)[None], learn=self._learn)
+        self.slots[slot] = r.buffers
+        return out
+
+    def reset(self, slot: int):
+        """The slot's state back to the export's initial one."""
+        self.slots[slot] = self._initial
+
+    def slot_state(self, slot: int, names=None) -> dict:
+        """{checkpoint name: array} of one slot (a leading axis of 1); ``names``: only those."""
+        return self.runner.map.named([b.to_host() for b in self.slots[slot]], names)
+
+    def state_dict(self, names=None) -> dict:
+        """{checkpoint name: array} with the n slots first; ``names``: only those."""
+        per = [self.slot_state(s, names) for s in range(self.n)]
+        return {k: np.concatenate([p[k] for p in per]) for k in per[0]}
+
+    def load_state_dict(self, named: dict):
+        """Every slot's state from arrays with the n slots first; refused (ValueError, nothing
+        changes) if one has another slot count."""
+        for name, v in named.items():
+            if np.ndim(v) < 1 or np.shape(v)[0] != self.n:
+                raise ValueError(f"state '{name}' has shape {np.shape(v)}, expected {self.n} slots first")
+        self.slots = [self.runner.device_buffers({k: np.asarray(v)[s:s + 1] for k, v in named.items()})
+                      for s in range(self.n)]
+
+    def signature(self) -> dict:
+        """The one-slot signature with n slots first (what ``serve``'s bank writes)."""
+        return grown_signature(self.runner.manifest["signature"], self.n)

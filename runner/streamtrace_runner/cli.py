@@ -1,0 +1,67 @@
+"""``streamtrace-runner serve FOLDER``: serve an exported learner over the wire protocol, without
+jax. A bad folder, checkpoint or address: one line on stderr, exit 2."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+__all__ = ["main"]
+
+
+def _parser():
+    p = argparse.ArgumentParser(prog="streamtrace-runner", description="serve a learner exported by "
+                                "`streamtrace export` over streamtrace's wire protocol (no jax)")
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("serve", help="serve an export folder (the sockets and defaults of `streamtrace serve`)")
+    s.add_argument("folder")
+    s.add_argument("--router", default="tcp://127.0.0.1:5555", help="request/reply ingest (default loopback)")
+    s.add_argument("--pull", default="tcp://127.0.0.1:5556", help="fire-and-forget ingest ('' : none)")
+    s.add_argument("--pub", default="tcp://127.0.0.1:5557", help="predictions, weights, errors, stats ('' : none)")
+    s.add_argument("--slots", type=int, default=16, help="streams served at once, a model each (default 16)")
+    s.add_argument("--checkpoint-dir", default="", help="checkpoints here (serve's format); resumes from the newest")
+    s.add_argument("--checkpoint-every", type=int, default=1000, help="steps between checkpoints (default 1000)")
+    s.add_argument("--on-gap", choices=("reject", "accept"), default="reject")
+    s.add_argument("--idle-timeout-s", type=float, default=60.0)
+    s.add_argument("--curve-secret-key-file", default="", help="CURVE: this server's key (zmq certificate)")
+    s.add_argument("--curve-authorized-dir", default="", help="CURVE: the client public keys admitted")
+    s.add_argument("--allow-any-client", action="store_true", help="CURVE: admit any client key")
+    return p
+
+
+def serve(args) -> int:
+    from .bank import RunnerBank
+    from .checkpoints import CheckpointError
+    from .core import Options, RunnerCore
+    from .runtime import Runner, RunnerError
+    from .server import RunnerServer, Sockets
+    try:
+        if args.slots < 1 or args.checkpoint_every < 1:
+            raise ValueError("--slots and --checkpoint-every must be >= 1")
+        opt = Options(slots=args.slots, idle_timeout_s=args.idle_timeout_s, on_gap=args.on_gap,
+                      checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
+                      # without a PUB socket nothing is published: no weights or predictions made for it
+                      weights_every=100 if args.pub else 0, predictions=bool(args.pub))
+        core = RunnerCore(RunnerBank(Runner(args.folder), args.slots), opt)
+        resumed = core.resume()
+        server = RunnerServer(core, Sockets(args.router, args.pull, args.pub, curve_secret_key_file=args.curve_secret_key_file,
+                                            curve_authorized_dir=args.curve_authorized_dir,
+                                            allow_any_client=args.allow_any_client))
+    except (RunnerError, CheckpointError, ValueError, OSError) as e:
+        print("runner error: " + " ".join(str(e).split()), file=sys.stderr)
+        return 2
+    server.install_signals()        # before the announcement: whoever waits for it may stop us at once
+    if resumed:
+        print(f"resumed from {resumed['path']} at step {core.steps}", flush=True)
+    print(f"streamtrace runner: {server.endpoints}; {args.folder}, {args.slots} slots", flush=True)
+    server.run()
+    print(f"stopped after {core.steps} steps", flush=True)
+    return 0
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    return serve(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

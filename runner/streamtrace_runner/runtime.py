@@ -1,0 +1,145 @@
+"""The jax-free runner of an exported learner (``streamtrace export``): numpy and IREE's runtime.
+
+``Runner(folder)`` loads the folder's IREE module and its state, steps it with the state kept
+in the runtime's buffers (only the inputs and the step's output vector cross to the host), and
+reads or writes the state as a checkpoint in the format the learner and ``serve`` use. This
+module imports numpy, ``iree.runtime`` and the checkpoint format, never jax.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+
+from .checkpoints import read_checkpoint, write_checkpoint
+from .state_map import StateMap
+
+__all__ = ["Runner", "RunnerError"]
+
+FORMAT = "streamtrace-export"
+FILES = ("step.vmfb", "state.npz", StateMap.FILE)     # an export folder's files, by the manifest's sha256
+
+
+class RunnerError(RuntimeError):
+    """An export folder that cannot be run (missing, damaged, another format) or bad input."""
+
+
+def read_manifest(folder: Path) -> dict:
+    """The folder's manifest, its files checked against their sha256."""
+    try:
+        manifest = json.loads((folder / "manifest.json").read_text())
+    except (OSError, ValueError) as e:
+        raise RunnerError(f"{folder}: not an exported learner ({type(e).__name__}: {e})") from None
+    if manifest.get("format") != FORMAT or manifest.get("version") != 1:
+        raise RunnerError(f"{folder}: unsupported export format {manifest.get('format')!r} "
+                          f"version {manifest.get('version')!r}")
+    for name in FILES:
+        try:
+            digest = hashlib.sha256((folder / name).read_bytes()).hexdigest()
+        except OSError as e:
+            raise RunnerError(f"{folder}: {name} unreadable ({e.strerror})") from None
+        if digest != manifest["sha256"].get(name):
+            raise RunnerError(f"{folder}: {name} does not match the manifest's sha256 (damaged or replaced)")
+    return manifest
+
+
+class Runner:
+    """Steps an exported learner folder; ``state``: a checkpoint to start from (default the
+    folder's initial ``state.npz``); ``driver``: IREE's ``local-sync`` (one thread, the
+    fewest hops per call) or ``local-task``.
+
+    >>> import tempfile, numpy as np
+    >>> from streamtrace.export.write import export_learner     # (where streamtrace is installed)
+    >>> folder = tempfile.mkdtemp(); _ = export_learner(None, folder)
+    >>> runner = Runner(folder)
+    >>> prediction, loss, applied = runner.step(np.array([[0.5]]))
+    >>> prediction.shape, runner.steps
+    ((1, 1), 1)
+    """
+
+    def __init__(self, folder, state=None, driver: str = "local-sync"):
+        import iree.runtime as rt
+        self.folder = Path(folder)
+        self.manifest = m = read_manifest(self.folder)
+        self.map = StateMap.load(self.folder, m["buffers"])
+        self._rt = rt
+        self._ctx = rt.SystemContext(config=rt.Config(driver))
+        module = rt.VmModule.mmap(self._ctx.instance, str(self.folder / "step.vmfb"))
+        self._ctx.add_vm_module(module)
+        self._fn = self._ctx.modules[module.name][m["function"]]
+        self._in = {k: (tuple(shape), np.dtype(dt)) for k, (shape, dt) in m["inputs"].items()}
+        self._ones = np.ones(*self._in["active"])
+        self._fixed = m.get("fixed_from", len(m["buffers"]))
+        self._no_target = np.zeros(*self._in["y"])
+        out = m["outputs"]
+        self._pred_shape, self._n = tuple(out["prediction"]), out["loss"]
+        # per slot, of the last step: the screen found an outlier, the step was undone
+        self.events = {"outlier": np.zeros(self._n, bool), "rolled_back": np.zeros(self._n, bool)}
+        self.steps = 0
+        self.load(self.folder / "state.npz" if state is None else state)
+
+    def load(self, path):
+        """Continue from the checkpoint ``path`` (refused, ``CheckpointError``, if it is of
+        another learner or damaged); its ``extra["step"]`` becomes ``steps``."""
+        arrays, header = read_checkpoint(path, expect_signature=self.manifest["signature"])
+        self._buffers = self.device_buffers(arrays)
+        self.steps = int(header.get("extra", {}).get("step", 0))
+
+    @property
+    def buffers(self) -> list:
+        """The state, as the program's device buffers (set it to step another state: bank.py)."""
+        return self._buffers
+
+    @buffers.setter
+    def buffers(self, value: list):
+        self._buffers = value
+
+    def device_buffers(self, named: dict) -> list:
+        """Device buffers holding the checkpoint arrays ``named`` (``StateMap.buffers``)."""
+        device = self._ctx.config.device
+        return [self._rt.asdevicearray(device, b) for b in self.map.buffers(named)]
+
+    def _input(self, name, value):
+        shape, dtype = self._in[name]
+        a = np.asarray(value, dtype)
+        if a.size != int(np.prod(shape)):
+            raise RunnerError(f"{name} has shape {a.shape}, expected {shape}")
+        return a.reshape(shape)
+
+    def step(self, x, y=None, active=None, learn=None):
+        """One step of every slot: (prediction, loss per slot, applied), as the learner's
+        ``StepResult`` fields. ``y``: the target (supervised; ignored in forecast mode)."""
+        y = self._no_target if y is None else self._input("y", y)
+        active = self._ones if active is None else self._input("active", active)
+        learn = self._ones if learn is None else self._input("learn", learn)
+        *out, vec = self._fn(*self._buffers, self._input("x", x), y, active, learn)
+        # the frozen weights' buffers (from ``fixed_from`` on) never change: kept as they came in
+        # (the program hands them back with some zeros' signs flipped, which a bank, serve's or
+        # bank.py's, would take for different weights)
+        self._buffers = out[:self._fixed] + self._buffers[self._fixed:]
+        self.steps += 1
+        return self.decode(vec.to_host())
+
+    def decode(self, vec):
+        """The step's output vector as (prediction, loss, applied) (``Programs._decode``); the
+        per-slot events (outlier, rolled_back) go to ``self.events``."""
+        n_pred, n = int(np.prod(self._pred_shape)), self._n
+        per_slot = self.manifest["outputs"]["per_slot_applied"]
+        applied = vec[n_pred + n:n_pred + n + (n if per_slot else 1)] > 0.5
+        flags = vec[n_pred + n + (n if per_slot else 1):].reshape(-1, n) > 0.5
+        names = {"screen": "outlier", "rollback": "rolled_back"}
+        for key, f in zip(self.manifest["outputs"].get("events", []), flags):
+            self.events[names[key]] = f
+        return (vec[:n_pred].reshape(self._pred_shape), vec[n_pred:n_pred + self._n],
+                applied if self.manifest["outputs"]["per_slot_applied"] else bool(applied[0]))
+
+    def state_dict(self) -> dict:
+        """The state as the learner's ``state_dict()``: {name: numpy array}."""
+        return self.map.named([b.to_host() for b in self._buffers])
+
+    def save(self, path, extra: dict | None = None):
+        """Write the state as a checkpoint (``OnlineLearner.restore`` reads it)."""
+        return write_checkpoint(path, self.state_dict(), self.manifest["signature"],
+                                {"step": self.steps, **(extra or {})})

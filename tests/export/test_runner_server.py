@@ -1,0 +1,170 @@
+"""The jax-free runner's server (runner/, ``streamtrace-runner serve``) against ``serve``'s
+engine core on the same messages: the same error codes for bad input with the state kept,
+predictions alike, checkpoints crossing both ways, and the process over real sockets with
+``SensorClient`` (a final checkpoint on SIGTERM, resumed on restart). The oracle is the jax
+engine (``EngineCore``, the code ``serve`` runs). Tolerances: docs/devices.md ("Same answers")."""
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine_helpers import answers
+from streamtrace import wire
+from streamtrace.engine.config import load_config
+from streamtrace.engine.core import EngineCore
+from streamtrace.export.write import export_learner
+from streamtrace.tasks import mackey_glass
+from streamtrace_runner.bank import RunnerBank
+from streamtrace_runner.core import Options, RunnerCore
+from streamtrace_runner.runtime import Runner
+
+SLOTS = 2
+# serve's jax program and the IREE module round alike but for XLA's FMA contraction (always on
+# where the CPU has FMA; IREE's llvm-cpu does not contract): an ulp of the float32 normaliser
+# statistics, amplified by the RLS readout; measured here 1e-4 at most over 1,500 steps
+AGREE = 1e-3
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    out = tmp_path_factory.mktemp("runner") / "default"
+    export_learner(None, out)
+    return out
+
+
+def _engine(ckpt: Path | None = None):
+    over = {"engine": {"slots": SLOTS}, "publish": {"weights_every": 0}}
+    if ckpt is not None:
+        over["checkpoint"] = {"dir": str(ckpt), "every": 10 ** 6}
+    return EngineCore(load_config(None, over))
+
+
+def _runner(folder, ckpt: Path | None = None):
+    return RunnerCore(RunnerBank(Runner(folder), SLOTS),
+                      Options(slots=SLOTS, weights_every=0, checkpoint_dir=str(ckpt or "")))
+
+
+def _series(n: int, start: int = 0):
+    return np.asarray(mackey_glass(start + n), np.float64).reshape(-1, 1)[start:]
+
+
+def _data(stream, xs, first=0):
+    return [wire.data_message(stream, first + i, x) for i, x in enumerate(xs)]
+
+
+def _preds(replies):
+    return np.array([wire.unpack_array(r["pred"]).ravel()[0] for r in replies if r["type"] == "prediction"])
+
+
+BAD = [b"\xc1", wire.encode({"v": 2, "type": "data"}), wire.encode({"type": "sing"}),
+       wire.data_message("a", 5, np.zeros(3)), wire.data_message("a", 5, np.array([np.nan])),
+       wire.data_message("a", 3, np.array([0.1])), wire.data_message("a", 9, np.array([0.1])),
+       wire.label_message("a", 4, np.array([0.1])), wire.data_message("c", 0, np.array([0.1])),
+       wire.encode({"type": "data", "stream": "a", "seq": 5, "x": wire.pack_array(np.zeros(1)), "z": 1})]
+
+
+def test_bad_input_gets_serves_codes_and_keeps_the_state(folder):
+    """The same refusals from both (codes, stream, expected seq), and the runner's predictions
+    after them equal its own run without them, bit for bit (nothing changed its state)."""
+    xs = _series(140)
+    head = _data("a", xs[:5]) + _data("b", xs[:1])     # two streams hold both slots: "c" gets no_slot
+    tail = _data("a", xs[5:140], first=5)
+    engine, runner, clean = _engine(), _runner(folder), _runner(folder)
+    got_e, got_r = (answers(core, head + BAD + tail) for core in (engine, runner))
+    errors = lambda got: [(r["code"], r.get("stream"), r.get("expected")) for r in got if r["type"] == "error"]
+    assert errors(got_r) == errors(got_e)
+    assert [c for c, _, _ in errors(got_r)] == ["not_msgpack", "bad_version", "bad_type", "bad_shape",
+                                                 "not_finite", "repeat", "gap", "bad_type", "no_slot",
+                                                 "unknown_field"]
+    assert runner.errors == engine.metrics.errors_by_code
+    want = _preds(answers(clean, head + tail))
+    assert np.array_equal(_preds(got_r), want)
+    rel = np.abs(_preds(got_e) - want) / np.abs(_preds(got_e))
+    assert rel.max() < AGREE
+
+
+def test_weights_snapshot_names_serves_arrays(folder):
+    """get_weights: the same params and predicting-state names, shapes and dtypes as serve's."""
+    msgs = _data("a", _series(3)) + [wire.encode({"type": "get_weights"})]
+    (*_, w_e), (*_, w_r) = answers(_engine(), msgs), answers(_runner(folder), msgs)
+    for part in ("params", "state"):
+        shapes = lambda w: {k: (tuple(v["shape"]), v["dtype"]) for k, v in w[part].items()}
+        assert shapes(w_r) == shapes(w_e) and shapes(w_e)
+    assert w_r["streams"] == w_e["streams"] == {"a": 0}
+    for k in w_e["params"]:      # no learning yet (the normaliser's warm-up): the same weights
+        assert np.array_equal(wire.unpack_array(w_r["params"][k]), wire.unpack_array(w_e["params"][k]))
+
+
+@pytest.mark.parametrize("first", ["serve", "runner"])
+def test_checkpoints_cross_over(folder, tmp_path, first):
+    """A checkpoint written by one resumes in the other: the continued predictions agree with
+    the writer's own continuation, and the stream goes on at its next seq."""
+    xs = _series(260)
+    make = {"serve": lambda ck: _engine(ck), "runner": lambda ck: _runner(folder, ck)}
+    second = "runner" if first == "serve" else "serve"
+    writer = make[first](tmp_path / "ck")
+    answers(writer, _data("a", xs[:150]))
+    writer.save_checkpoint()
+    reader = make[second](tmp_path / "ck")
+    assert reader.resume()["extra"]["steps"] == 150
+    rest = _data("a", xs[150:], first=150)
+    got, want = _preds(answers(reader, rest)), _preds(answers(writer, rest))
+    assert len(got) == len(want) == 110
+    assert np.max(np.abs(got - want) / np.abs(want)) < AGREE
+    # the same process of the writer's kind, resumed from the same file, continues bit for bit
+    again = make[first](tmp_path / "ck2")
+    again.ckpt.folder.mkdir()
+    (tmp_path / "ck2" / writer.ckpt.paths()[-1].name).write_bytes(writer.ckpt.paths()[0].read_bytes())
+    again.resume()
+    assert np.array_equal(_preds(answers(again, rest)), want)
+
+
+def test_the_runner_process_serves_sensor_client_and_checkpoints_on_sigterm(folder, tmp_path):
+    """``python -m streamtrace_runner serve``: SensorClient's steps answered as the in-process
+    runner answers them; SIGTERM writes the final checkpoint; a restart resumes the stream."""
+    from streamtrace.transport import SensorClient
+    sock = Path(tmp_path) / "r"
+    cmd = [sys.executable, "-m", "streamtrace_runner", "serve", str(folder), "--router", f"ipc://{sock}",
+           "--pull", "", "--pub", "", "--slots", str(SLOTS), "--checkpoint-dir", str(tmp_path / "ck")]
+    xs = _series(30)
+    want = _preds(answers(_runner(folder), _data("s", xs)))
+    got = []
+    for part in (xs[:20], xs[20:]):
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        try:
+            first = proc.stdout.readline()
+            assert first.startswith("resumed from" if got else "streamtrace runner:"), first
+            if got:
+                assert f"at step {len(got)}" in first and "streamtrace runner:" in proc.stdout.readline()
+            with SensorClient(f"ipc://{sock}", stream="s", start_seq=len(got), timeout_s=20) as c:
+                got += [c.step(x).pred.ravel()[0] for x in part]
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            out, _ = proc.communicate(timeout=30)
+        assert proc.returncode == 0 and f"stopped after {len(got)} steps" in out
+    assert np.array_equal(np.array(got), want)
+
+
+def test_a_folder_that_is_not_an_export_is_refused_in_one_line(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "streamtrace_runner", "serve", str(tmp_path)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "not an exported learner" in r.stderr
+
+
+def test_the_runner_docstring_examples_run():
+    import doctest
+
+    import streamtrace_runner.bank
+    import streamtrace_runner.core
+    import streamtrace_runner.runtime
+    import streamtrace_runner.server
+    import streamtrace_runner.state_map
+    for module in (streamtrace_runner.state_map, streamtrace_runner.runtime, streamtrace_runner.bank,
+                   streamtrace_runner.core, streamtrace_runner.server):
+        result = doctest.testmod(module)
+        assert result.attempted > 0 and result.failed == 0, module.__name__
