@@ -64,6 +64,15 @@ def _object_errors() -> tuple:
     return DigestMismatchError, NotFoundError
 
 
+def consumer_config(k: int, epoch: int, start_seq: int):
+    """The pull consumer partition ``k``'s owner at ``epoch`` reads the log with, from ``start_seq``."""
+    from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+    name = f"p{k}-e{epoch}"
+    return ConsumerConfig(name=name, durable_name=name, filter_subject=L.partition_filter(k),
+                          deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=start_seq,
+                          ack_policy=AckPolicy.ALL, ack_wait=60.0, max_ack_pending=-1, inactive_threshold=30.0)
+
+
 class PartitionOwner:
     def __init__(self, worker, lease: Lease):
         self.w, self.lease, self.k = worker, lease, lease.partition
@@ -76,6 +85,7 @@ class PartitionOwner:
         self.stopping, self.lost = False, False
         self.commit: asyncio.Task | None = None     # the checkpoint being stored and committed
         self.hole_at = None       # (stream, log seq) of a hole already replayed once: the log lacks it
+        self.delivered = 0        # the consumer's delivery count of the last message that reached this owner
 
     # ---- taking over -------------------------------------------------------------------
     async def load(self):
@@ -93,19 +103,15 @@ class PartitionOwner:
         await self._subscribe()
 
     async def _subscribe(self):
-        from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
         await self._unsubscribe()
-        js, name = self.w.js, f"p{self.k}-e{self.lease.epoch}"
+        cfg = consumer_config(self.k, self.lease.epoch, self.applied + 1)
         try:
-            await js.delete_consumer(L.LOG_STREAM, name)
-        except Exception:  # noqa: BLE001 - absent: the usual case
+            await self.w.js.delete_consumer(L.LOG_STREAM, cfg.name)
+        except Exception:  # noqa: BLE001 - absent: the usual case (a delete that failed shows in _delivery)
             pass
-        await js.add_consumer(L.LOG_STREAM, ConsumerConfig(
-            name=name, durable_name=name, filter_subject=L.partition_filter(self.k), deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
-            opt_start_seq=self.applied + 1, ack_policy=AckPolicy.ALL, ack_wait=60.0, max_ack_pending=-1,
-            inactive_threshold=30.0))
-        self.consumer = name
-        self.psub = Puller(self.w.nc, L.LOG_STREAM, name, expires_s=max(self.w.poll_s * 4, 1.0))
+        await self.w.js.add_consumer(L.LOG_STREAM, cfg)
+        self.consumer, self.delivered = cfg.name, 0
+        self.psub = Puller(self.w.nc, L.LOG_STREAM, cfg.name, expires_s=max(self.w.poll_s * 4, 1.0))
         await self.psub.start()
 
     async def _unsubscribe(self):
@@ -165,7 +171,21 @@ class PartitionOwner:
                 self.since_ckpt and time.monotonic() - self.t_ckpt >= self.w.ckpt_interval_s):
             await self.checkpoint(wait=False)
 
+    def _delivery(self, msg):
+        """Each message the consumer delivers is counted by it (redeliveries too): one whose count
+        skips ahead went somewhere this owner never saw (a consumer whose delete failed and that
+        the create found, still delivering where an earlier pull left it; a consumer leader that
+        changed with deliveries in flight). Its steps may be a stream's first, which no sequence
+        check could miss: replay from the committed checkpoint on a new consumer instead."""
+        n = msg.metadata.sequence.consumer
+        if n != self.delivered + 1:
+            self.w.count("delivery_gaps")
+            raise _Unsure(f"the consumer's delivery #{n} came after #{self.delivered}: a delivery never reached "
+                          "this owner; replaying the log")
+        self.delivered = n
+
     async def _apply(self, msg):
+        self._delivery(msg)
         seq = msg.metadata.sequence.stream
         if seq <= self.applied:            # delivered again (after ack_wait): already in the state
             self.w.count("redelivered_skipped")

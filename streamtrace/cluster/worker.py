@@ -35,7 +35,7 @@ __all__ = ["Worker", "COUNTERS"]
 log = logging.getLogger("streamtrace.cluster")
 COUNTERS = ("published", "refused", "checkpoints", "restores", "reloads", "released", "leases_lost",
             "leases_taken", "publishes_withheld", "redelivered_skipped", "hole_replays", "log_holes",
-            "checkpoints_damaged")
+            "checkpoints_damaged", "delivery_gaps")
 
 
 def worker_id() -> str:

@@ -107,3 +107,89 @@ def test_a_damaged_checkpoint_falls_back_to_the_previous_one(server, tmp_path):
         client.close()
         H.terminate(workers)
     H.assert_same(got, ref_preds, states, ref_states)
+
+
+async def _log_with_a_consumer_that_already_delivered(url: str, data: dict, taken: int) -> int:
+    """The log holding every step of the one stream in ``data``; the consumer its partition's first
+    owner will create (epoch 1, from log seq 1) made already, ``taken`` of its messages delivered
+    to a pull that went away (as an earlier owner's, whose delete then failed). Returns the partition."""
+    from streamtrace.cluster.owner import consumer_config
+    (name, xs), = data.items()
+    nc = await L.connect(url)
+    js = nc.jetstream()
+    await L.ensure_log(js, H.P)
+    for t in range(len(xs)):
+        ack = await js.publish(L.in_subject(name), wire.data_message(name, t, xs[t]))
+    k = int((await js.get_msg(L.LOG_STREAM, ack.seq)).subject.split(".")[2])
+    await js.add_consumer(L.LOG_STREAM, consumer_config(k, 1, 1))
+    sub = await js.pull_subscribe_bind(f"p{k}-e1", L.LOG_STREAM)
+    assert len(await sub.fetch(taken, timeout=5)) == taken
+    await nc.close()
+    return k
+
+
+def _worker_in_this_process(url: str, cfg_path):
+    """A Worker run on a thread of its own: (worker, thread, stop)."""
+    import threading
+
+    from streamtrace.cluster.worker import Worker
+    from streamtrace.engine.config import load_config
+    w, ready = Worker(url, load_config(cfg_path), lease_ttl_s=H.TTL, partitions=H.P), threading.Event()
+    loops = []
+
+    def on_ready(_):
+        loops.append(asyncio.get_running_loop())
+        ready.set()
+    th = threading.Thread(target=lambda: asyncio.run(w.run(on_ready=on_ready)), daemon=True)
+    th.start()
+    assert ready.wait(120), "the worker did not join"
+    return w, th, lambda: loops[0].call_soon_threadsafe(w.request_stop)
+
+
+async def _answers_of_a_worker_started_now(url: str, cfg_path, steps: int):
+    """({(stream, seq): the first answer}, the worker as ``_worker_in_this_process``) for steps 0..steps-1 of s0."""
+    from streamtrace.adapters.client import decode_reply
+    nc = await L.connect(url)
+    got = {}
+
+    async def on_answer(msg):
+        a = decode_reply(msg.data)
+        got.setdefault((a["stream"], a["seq"]), a)
+    await nc.subscribe("st.out.s0", cb=on_answer)
+    await nc.subscribe("st.err.s0", cb=on_answer)
+    worker = await asyncio.to_thread(_worker_in_this_process, url, cfg_path)
+    deadline = time.monotonic() + 60
+    while len(got) < steps and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    await nc.close()
+    return got, worker
+
+
+@pytest.mark.slow
+def test_a_delivery_the_worker_never_saw_is_replayed_not_learned_around(server, tmp_path, monkeypatch):
+    """The consumer's delete fails once (its answer lost) and its create finds the old consumer,
+    which had delivered the stream's first 3 steps elsewhere: without a check the next step would
+    start the stream afresh (a new stream's first step may have any seq), a prediction no engine
+    makes. The gap in the consumer's delivery count sends the owner back to a new consumer."""
+    from nats.js.client import JetStreamContext
+    cfg = H.config(tmp_path)
+    data = H.signals(1, 8)
+    ref_preds, _ = H.reference(cfg, data)
+    k = asyncio.run(_log_with_a_consumer_that_already_delivered(server.url, data, 3))
+    real, failed = JetStreamContext.delete_consumer, []
+
+    async def delete_fails_once(self, stream, consumer):
+        if consumer == f"p{k}-e1" and not failed:
+            failed.append(consumer)
+            raise asyncio.TimeoutError("the answer to a delete was lost")
+        return await real(self, stream, consumer)
+    monkeypatch.setattr(JetStreamContext, "delete_consumer", delete_fails_once)
+    got, (w, th, stop) = asyncio.run(_answers_of_a_worker_started_now(server.url, cfg, 8))
+    stop()
+    th.join(60)
+    assert failed == [f"p{k}-e1"]
+    assert set(got) == {("s0", t) for t in range(8)}, sorted(got)
+    for t in range(8):
+        assert got[("s0", t)]["type"] == "prediction", got[("s0", t)]
+        assert got[("s0", t)]["pred"].tobytes() == ref_preds[("s0", t)].tobytes(), t
+    assert w.metrics.counters["delivery_gaps"] >= 1
