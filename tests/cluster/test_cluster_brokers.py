@@ -33,15 +33,8 @@ def brokers(tmp_path):
             n.kill()
 
 
-# the leader case failed once in CI (Python 3.12): a prediction after the leader broker's SIGKILL was
-# not one engine's (stream s2, seq 15), every step answered and stored once; not yet explained
-# (issue 36): recorded as an expected failure until it is, passing where it passes
-LEADER_DIVERGED = pytest.mark.xfail(reason="a prediction after the leader broker's SIGKILL once differed from one "
-                                    "engine's (issue 36, unexplained)", strict=False)
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("which", [pytest.param("leader", marks=LEADER_DIVERGED), "follower"])
+@pytest.mark.parametrize("which", ["leader", "follower"])
 def test_killing_a_broker_loses_no_acknowledged_step(brokers, tmp_path, which):
     cfg = H.config(tmp_path)
     data = H.signals(6, 31)
