@@ -148,7 +148,7 @@ def _worker_in_this_process(url: str, cfg_path):
 
 async def _answers_of_a_worker_started_now(url: str, cfg_path, steps: int):
     """({(stream, seq): the first answer}, the worker as ``_worker_in_this_process``) for steps 0..steps-1 of s0."""
-    from streamtrace.adapters.client import decode_reply
+    from streamtrace.transport.client import decode_reply
     nc = await L.connect(url)
     got = {}
 
