@@ -68,7 +68,7 @@ class NatsTarget:
     creds: object = None
 
     def __str__(self):
-        from streamtrace.cluster.log import redact
+        from streamtrace.cluster.jetstream import redact
         return f"cluster {redact(self.url)}"
 
 
@@ -113,7 +113,7 @@ def stream_problem(target, sid: str) -> str | None:
     if not (0 < len(sid) <= MAX_STREAM_ID and sid.isprintable()):
         return f"not 1..{MAX_STREAM_ID} printable characters"
     if isinstance(target, NatsTarget):
-        from streamtrace.cluster.log import check_stream_id
+        from streamtrace.cluster.jetstream import check_stream_id
         try:
             check_stream_id(sid)
         except ValueError as e:

@@ -20,7 +20,7 @@ import collections
 import os
 import select
 
-from streamtrace.cluster import log as L
+from streamtrace.cluster import jetstream as L
 from streamtrace.cluster.client import ClusterClient
 
 from .link import EngineLink

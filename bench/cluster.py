@@ -34,7 +34,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import cluster_harness as H                                  # noqa: E402
 from streamtrace.cluster import ClusterClient, NatsServer    # noqa: E402
-from streamtrace.cluster import log as L                     # noqa: E402
+from streamtrace.cluster import jetstream as L                     # noqa: E402
 
 ROUNDS = 4       # latency: the paths take turns, samples / ROUNDS each per turn
 
@@ -68,7 +68,7 @@ def echo_latency(url: str, n: int) -> np.ndarray:
 # A bare NATS responder in a process of its own, as a worker is.
 ECHO = r"""
 import asyncio, sys
-from streamtrace.cluster import log as L
+from streamtrace.cluster import jetstream as L
 
 async def main():
     nc = await L.connect(sys.argv[1])
@@ -121,7 +121,7 @@ class ProcessEcho(_EchoProcess):
 JS_ECHO = r"""
 import asyncio, sys
 from nats.js.api import AckPolicy, ConsumerConfig, StorageType, StreamConfig
-from streamtrace.cluster import log as L
+from streamtrace.cluster import jetstream as L
 from streamtrace.cluster.pull import Puller
 
 async def main():

@@ -29,7 +29,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import timing                                                   # noqa: E402
 from streamtrace import wire                                    # noqa: E402
-from streamtrace.cluster import log as L                        # noqa: E402
+from streamtrace.cluster import jetstream as L                        # noqa: E402
 from streamtrace.cluster.brokers import local_brokers, urls     # noqa: E402
 
 SETUPS = (("1 broker, default sync", 1, None), ("1 broker, sync always", 1, "always"),

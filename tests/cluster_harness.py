@@ -94,7 +94,7 @@ def status(url: str, creds=None) -> dict:
     """What ``streamtrace cluster status`` shows, as data."""
     import asyncio
 
-    from streamtrace.cluster import log as L
+    from streamtrace.cluster import jetstream as L
     from streamtrace.cluster.status import gather
 
     async def look():
@@ -150,7 +150,7 @@ def final_states(url: str, stepper_cfg: Path) -> dict:
     import asyncio
     import json
 
-    from streamtrace.cluster import log as L
+    from streamtrace.cluster import jetstream as L
     from streamtrace.cluster.lease import lease_key
     from streamtrace.learner.checkpoint import loads_checkpoint
 
@@ -207,7 +207,7 @@ def terminate(procs, timeout_s: float = 60.0) -> list:
 
 async def log_leader(url: str) -> tuple[str, int]:
     """(the name of the log's leader broker, the log's replicas), creating the log if missing."""
-    from streamtrace.cluster import log as L
+    from streamtrace.cluster import jetstream as L
     nc = await L.connect(url)
     js = nc.jetstream(timeout=10)
     await L.ensure_log(js, P, replicas=3)
@@ -242,7 +242,7 @@ async def sensor(url, data, fault_at, fault, deadline_s: float = 45.0, audit: di
     import json
 
     from streamtrace import wire
-    from streamtrace.cluster import log as L
+    from streamtrace.cluster import jetstream as L
     from streamtrace.transport.client import decode_reply
     nc = await L.connect(url)
     js = nc.jetstream(timeout=10)

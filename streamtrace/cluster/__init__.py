@@ -3,7 +3,7 @@ workers by partition, KV leases with fencing tokens, checkpoints in the object s
 after failover. See docs/cluster.md."""
 from .assign import assign
 from .client import ClusterClient
-from .log import Credentials
-from .server import NatsServer, ServerError, find_server_binary
+from .jetstream import Credentials
+from .nats_server import NatsServer, ServerError, find_server_binary
 
 __all__ = ["assign", "ClusterClient", "Credentials", "NatsServer", "ServerError", "find_server_binary"]

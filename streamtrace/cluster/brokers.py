@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import tempfile
 
-from .server import NatsServer, free_port
+from .nats_server import NatsServer, free_port
 
 __all__ = ["local_brokers", "urls"]
 

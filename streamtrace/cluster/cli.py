@@ -27,7 +27,7 @@ CREDENTIAL_FLAGS = ("token", "user", "password", "creds", "nkey", "tls_ca", "tls
 
 def credentials(args):
     """A ``Credentials`` from the flags of :func:`credential_args`."""
-    from .log import Credentials
+    from .jetstream import Credentials
     return Credentials(*(getattr(args, f, None) for f in CREDENTIAL_FLAGS))
 
 
@@ -75,7 +75,7 @@ def cmd_up(args) -> int:
 
 
 def cmd_status(args) -> int:
-    from .log import connect
+    from .jetstream import connect
     from .status import format_status, gather
 
     async def main():

@@ -25,7 +25,7 @@ import time
 from .. import wire
 from ..transport.numbering import NumberedClient, Sample, checked
 from ..transport.replies import Prediction, decode_reply
-from . import log as L
+from . import jetstream as L
 
 __all__ = ["ClusterClient"]
 

@@ -17,7 +17,7 @@ import hashlib
 import logging
 import time
 
-from . import log as L
+from . import jetstream as L
 from .lease import Lease, LeaseLost
 from .pull import Puller
 

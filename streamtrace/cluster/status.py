@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import time
 
-from . import log as L
+from . import jetstream as L
 from .lease import lease_key
 
 __all__ = ["gather", "format_status", "is_live"]

@@ -64,7 +64,7 @@ def run_up(args) -> int:
     import subprocess
 
     from .brokers import urls
-    from .server import ServerError
+    from .nats_server import ServerError
     from .supervisor import Supervisor
     bad = check_args(args)
     if bad:

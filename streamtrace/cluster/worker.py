@@ -23,7 +23,7 @@ import signal
 import socket
 import time
 
-from . import log as L
+from . import jetstream as L
 from .assign import assign
 from .lease import LeaseLost, LeaseTable
 from .owner import PartitionOwner

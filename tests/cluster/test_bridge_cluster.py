@@ -19,7 +19,7 @@ import cluster_harness as H                                             # noqa: 
 from streamtrace.adapters.bridge import NatsTarget                      # noqa: E402
 from streamtrace.commands.cli import main                                        # noqa: E402
 from streamtrace.cluster import Credentials, NatsServer                 # noqa: E402
-from streamtrace.cluster.server import find_server_binary               # noqa: E402
+from streamtrace.cluster.nats_server import find_server_binary               # noqa: E402
 
 TOKEN = "br1dge"
 STEPS = 30

@@ -17,8 +17,8 @@ pytest.importorskip("nats", reason="pip install 'streamtrace[cluster]' (make tes
 
 from streamtrace import wire                                            # noqa: E402
 from streamtrace.cluster import ClusterClient, NatsServer, assign      # noqa: E402
-from streamtrace.cluster import log as L                                # noqa: E402
-from streamtrace.cluster.server import find_server_binary, free_port   # noqa: E402
+from streamtrace.cluster import jetstream as L                                # noqa: E402
+from streamtrace.cluster.nats_server import find_server_binary, free_port   # noqa: E402
 
 import cluster_harness as H                                             # noqa: E402
 
@@ -348,7 +348,7 @@ def test_client_hands_each_answer_over_once(server):
 
 
 def test_a_server_beyond_loopback_needs_credentials():
-    from streamtrace.cluster.server import ServerError
+    from streamtrace.cluster.nats_server import ServerError
     with pytest.raises(ServerError, match="without credentials"):
         NatsServer(host="0.0.0.0")
     NatsServer(host="0.0.0.0", token="t")                 # constructed, not started

@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("nats", reason="pip install 'streamtrace[cluster]' (make test installs it)")
 
 from streamtrace.cluster import ClusterClient, NatsServer             # noqa: E402
-from streamtrace.cluster.server import find_server_binary             # noqa: E402
+from streamtrace.cluster.nats_server import find_server_binary             # noqa: E402
 from streamtrace.cluster.status import format_status                  # noqa: E402
 
 import cluster_harness as H                                            # noqa: E402

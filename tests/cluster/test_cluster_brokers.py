@@ -13,7 +13,7 @@ pytest.importorskip("nats", reason="pip install 'streamtrace[cluster]' (make tes
 
 from streamtrace.cluster import ClusterClient                           # noqa: E402
 from streamtrace.cluster.brokers import local_brokers, urls            # noqa: E402
-from streamtrace.cluster.server import find_server_binary              # noqa: E402
+from streamtrace.cluster.nats_server import find_server_binary              # noqa: E402
 
 import cluster_harness as H                                             # noqa: E402
 

@@ -15,9 +15,9 @@ pytest.importorskip("nats", reason="pip install 'streamtrace[cluster]' (make tes
 
 from streamtrace import wire                                            # noqa: E402
 from streamtrace.cluster import ClusterClient, NatsServer               # noqa: E402
-from streamtrace.cluster import log as L                                # noqa: E402
+from streamtrace.cluster import jetstream as L                                # noqa: E402
 from streamtrace.cluster.lease import lease_key                         # noqa: E402
-from streamtrace.cluster.server import find_server_binary               # noqa: E402
+from streamtrace.cluster.nats_server import find_server_binary               # noqa: E402
 
 import cluster_harness as H                                             # noqa: E402
 

@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("nats", reason="pip install 'streamtrace[cluster]' (make test installs it)")
 
 from streamtrace.cluster import ClusterClient                          # noqa: E402
-from streamtrace.cluster.server import free_port                       # noqa: E402
+from streamtrace.cluster.nats_server import free_port                       # noqa: E402
 from streamtrace.cluster.supervisor import Supervisor, describe_exit   # noqa: E402
 
 import cluster_harness as H                                             # noqa: E402
