@@ -13,17 +13,17 @@ import ctypes
 import ctypes.util
 import gc
 
-__all__ = ["release_after_warmup", "rss_mb"]
+__all__ = ["release_after_warmup", "malloc_trim", "rss_mb"]
 
 
 def release_after_warmup():
     import jax
     jax.clear_caches()
     gc.collect()
-    _malloc_trim()
+    malloc_trim()
 
 
-def _malloc_trim():
+def malloc_trim():
     """Return freed heap pages to the OS (glibc only; elsewhere nothing to do)."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")

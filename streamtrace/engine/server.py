@@ -23,7 +23,7 @@ from .config import ConfigError, EngineConfig
 from .compile_cache import disable as disable_compile_cache, enable as enable_compile_cache, resolve
 from .core import EngineCore
 from .executables import ExecutableStore
-from .memory import release_after_warmup
+from .memory import malloc_trim, release_after_warmup
 from .preflight import check_environment, check_security
 from .receive import recv_message
 from .reply_first import ReplyFirst
@@ -249,7 +249,7 @@ class Engine:
                         try:
                             m = recv_message(self.router, routed=True, max_bytes=max_bytes)
                             outs = (core.ingest(m.payload, m.identity) if m.error is None
-                                    else core.reject(m.identity, *m.error))
+                                    else _refused(core, m.identity, m.error))
                             if outs:             # a queued message answers at the step
                                 self._send(outs)
                             from_router = self.router.getsockopt(_EVENTS) & _POLLIN
@@ -258,7 +258,7 @@ class Engine:
                     if from_pull:
                         try:
                             m = recv_message(self.pull, routed=False, max_bytes=max_bytes)
-                            outs = core.ingest(m.payload, None) if m.error is None else core.reject(None, *m.error)
+                            outs = core.ingest(m.payload, None) if m.error is None else _refused(core, None, m.error)
                             if outs:
                                 self._send(outs)
                             from_pull = self.pull.getsockopt(_EVENTS) & _POLLIN
@@ -361,3 +361,12 @@ def serve(cfg: EngineConfig, *, announce=print) -> int:
     engine.run()
     announce(f"stopped after {engine.core.steps} steps")
     return 0
+
+
+def _refused(core, origin, error) -> list:
+    """A message refused for its framing or size: counted and answered; the heap pages its
+    frames went through are given back (an oversize or many-frame message is rare, and glibc
+    would otherwise keep hundreds of MB of freed pages)."""
+    out = core.reject(origin, *error)
+    malloc_trim()
+    return out

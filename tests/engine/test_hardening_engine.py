@@ -4,6 +4,7 @@ optional fields mean absent, and an idle-evicted stream resumes from its parked 
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import msgpack
@@ -402,6 +403,18 @@ def _rss_bytes(pid) -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def _settled_rss(pid, timeout_s: float = 60.0) -> int:
+    """The process's RSS once two reads 1 s apart differ by under 5 MB (its warm-up done)."""
+    last, end = _rss_bytes(pid), time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        time.sleep(1.0)
+        now = _rss_bytes(pid)
+        if abs(now - last) < 5e6:
+            return now
+        last = now
+    return last
+
+
 @pytest.fixture(scope="module")
 def engine():
     work = Path(tempfile.mkdtemp(prefix="st-h8-", dir="/tmp"))
@@ -438,7 +451,7 @@ def test_server_refuses_multipart_floods_without_keeping_the_memory(engine):
         c.step(rng.normal(size=N_IN), rng.normal(size=N_OUT))
         c.sock.send_multipart([b""] + [big] * 5 + [good("flood", c.seq, rng)], copy=False)
         assert c.recv(raise_errors=False)["type"] == "error"
-        base = _rss_bytes(proc.pid)
+        base = _settled_rss(proc.pid)          # after the engine's warm-up (it compiles on a thread)
         for _ in range(2):
             c.sock.send_multipart([b""] + [big] * 100 + [good("flood", c.seq, rng)], copy=False)
             r = c.recv(raise_errors=False)
