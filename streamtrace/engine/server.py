@@ -363,10 +363,17 @@ def serve(cfg: EngineConfig, *, announce=print) -> int:
     return 0
 
 
+_TRIMMED = [0.0]      # when the heap was last given back (at most ten times a second)
+
+
 def _refused(core, origin, error) -> list:
     """A message refused for its framing or size: counted and answered; the heap pages its
-    frames went through are given back (an oversize or many-frame message is rare, and glibc
-    would otherwise keep hundreds of MB of freed pages)."""
+    frames went through are given back, at most ten times a second (glibc would otherwise keep
+    hundreds of MB of freed pages; a sender of many bad messages must not make every one cost
+    a trim)."""
     out = core.reject(origin, *error)
-    malloc_trim()
+    now = time.monotonic()
+    if now - _TRIMMED[0] >= 0.1:
+        _TRIMMED[0] = now
+        malloc_trim()
     return out
