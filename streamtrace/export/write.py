@@ -47,7 +47,7 @@ def state_positions(learner) -> dict:
     checkpoint code run on buffers holding their own positions."""
     index = [np.arange(math.prod(a.shape), dtype=np.int64).reshape(a.shape) + (b << SHIFT)
              for b, a in enumerate(learner.programs.avals)]
-    return learner._expand(learner.layout.to_named(index))   # what state_dict() does to the buffers
+    return learner.names.expand(learner.layout.to_named(index))   # what state_dict() does to the buffers
 
 
 def _outputs(learner) -> dict:

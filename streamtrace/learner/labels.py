@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .step import StepFunctions, _carried_finite, _lead, _slot_sum, _slot_where
 
@@ -53,6 +54,37 @@ class LabelError(ValueError):
 class LabelResult:
     loss: float        # the loss of the step's prediction against the label
     applied: bool      # the gradient reached the weights (False: not finite, refused and counted)
+
+
+# the message of each status a label program returns
+LABEL_MESSAGES = {_UNKNOWN: "no learning step {age} steps back (none yet, or it did not learn)",
+                  _LATE: "the step {age} steps back is beyond label_delay",
+                  _TWICE: "the step {age} steps back was already labelled",
+                  _NAN: "label contains NaN or Inf"}
+
+
+def checked_label(y, age, label_delay: int, shape: tuple, dtype):
+    """``y`` as an array of ``shape`` and ``dtype``, or a ``LabelError`` for a label no
+    program needs to see: the wrong shape, a value not finite, an ``age`` that is not a
+    count of steps back or is beyond ``label_delay``."""
+    y = np.asarray(y, dtype)
+    if y.shape != shape:
+        raise LabelError("bad_shape", f"label has shape {y.shape}, expected {shape}")
+    if not np.isfinite(y).all():
+        raise LabelError("not_finite", "label contains NaN or Inf")
+    if not isinstance(age, (int, np.integer)) or age < 0:
+        raise LabelError("unknown_label", f"age must be an integer >= 0 (steps back); got {age!r}")
+    if age >= label_delay:
+        raise LabelError("label_too_late", f"the step {age} steps back is beyond label_delay = {label_delay}")
+    return y
+
+
+def label_outcome(status, loss, applied, slot, age: int) -> LabelResult:
+    """A label program's outcome: its ``LabelResult``, or the ``LabelError`` its status means."""
+    status = int(status)
+    if status:
+        raise LabelError(LABEL_CODES[status], LABEL_MESSAGES[status].format(age=age, slot=slot))
+    return LabelResult(float(loss), bool(applied))
 
 
 def ring_bytes(label_delay: int, n_out: int, n_params: int, itemsize: int) -> int:

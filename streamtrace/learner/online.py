@@ -13,8 +13,9 @@ from .checkpoint import read_checkpoint, write_checkpoint
 from .describe import describe_model, describe_optimizer
 from .groups import frozen_params
 from .losses import get_loss
-from .labels import LABEL_CODES, LabelError, LabelledSteps, LabelResult
+from .labels import LabelledSteps, LabelResult, checked_label, label_outcome
 from .modes import Supervised, mode_parts
+from .named_state import NamedState
 from .old_keywords import frozen_string, translate
 from .optimizers import optimizer_parts
 from .packing import Layout, path_name
@@ -22,14 +23,11 @@ from .programs import PAIR, Programs
 from .result import StepResult
 from . import rollback
 from .screen import Screened, screen_in
+from .shapes import CallChecks, forecast_channels, model_input, prediction_shape
 from .settings import CompileSettings, Metrics, Slots
-from .step import COUNTERS, StepConfig, StepFunctions
+from .step import StepConfig, StepFunctions
 
 __all__ = ["OnlineLearner", "StepResult"]
-
-
-PREDICTING = ("readout.", "signal.", "combine.")      # state entries a prediction is made from
-NOT_PREDICTING = ("readout.P",)                      # ... but for what the readout learns with
 
 
 def _value(given, cls, name):
@@ -39,12 +37,6 @@ def _value(given, cls, name):
     if not isinstance(given, cls):
         raise TypeError(f"{name} must be st.{cls.__name__}(...); got {given!r}")
     return given
-
-
-_LABEL_MESSAGES = {1: "no learning step {age} steps back (none yet, or it did not learn)",
-                   2: "the step {age} steps back is beyond label_delay",
-                   3: "the step {age} steps back was already labelled",
-                   4: "label contains NaN or Inf"}
 
 
 class OnlineLearner:
@@ -143,14 +135,14 @@ class OnlineLearner:
         example_x = np.asarray(example_x)
         brainstate.nn.init_all_states(model, compile.batch_size)
         self.model = model
-        self.algo = make_algorithm(algorithm, model, jnp.asarray(self._model_input(example_x, transform, readout)),
+        self.algo = make_algorithm(algorithm, model, jnp.asarray(model_input(example_x, transform, readout)),
                                    fixed=frozen_params(model, parts.groups))
         out = self.algo.graph.out_struct
         if not hasattr(out, "shape"):
             raise ValueError("the model must return one array (the prediction)")
         self.x_shape, self.x_dtype = tuple(example_x.shape), example_x.dtype
-        channels = self._channels(spec)
-        self.out_shape, self.y_dtype = self._output(out, readout, mode, channels)
+        channels = forecast_channels(spec, self.x_shape)
+        self.out_shape, self.y_dtype = prediction_shape(out, readout, mode, channels, self.x_shape)
         reduce = slots.reduce if slots is not None else extra.get("reduce", "mean")
         self.cfg = StepConfig(mode, learn_every, reduce, channels, spec.horizon if spec else 1, metrics.window,
                               self.label_delay, before_update=bool(spec and spec.before_update))
@@ -200,43 +192,10 @@ class OnlineLearner:
         self.programs = Programs(self.layout, self.fns, init_buffers, slots=self.slots, per_slot=self.per_slot,
                                  pairs=self.pairs, donate=self.donate, horizon=self.horizon,
                                  x=(self.x_shape, self.x_dtype), y=(self.out_shape, self.y_dtype))
-        self._state_dict_signature = None
-        self._ones = np.ones(self.n, bool)
-        self._no_target = np.zeros((self.n,) + self.out_shape if self.slots else self.out_shape, self.y_dtype)
-
-    @staticmethod
-    def _model_input(example_x, transform, readout):
-        """An example of the model's input: x, widened by transforms that add inputs (feedback)."""
-        if transform is None or example_x.ndim != 1:
-            return example_x
-        n = transform.widen(example_x.shape[0], getattr(readout, "n_out", None))
-        return example_x if n == example_x.shape[0] else np.zeros(n, example_x.dtype)
-
-    def _channels(self, spec):
-        if spec is None or spec.channels is None:
-            return None
-        if len(self.x_shape) != 1:
-            raise ValueError(f"Forecast(channels=...) needs 1-D inputs; the example x has shape {self.x_shape}")
-        bad = [c for c in spec.channels if c >= self.x_shape[0]]
-        if bad:
-            raise ValueError(f"Forecast: channels {bad} out of range for {self.x_shape[0]} input channels")
-        return spec.channels
-
-    def _output(self, out, readout, mode, channels):
-        """The prediction's (shape, dtype) for one step, checked against the mode."""
-        want = self.x_shape if channels is None else (len(channels),)
-        if readout is not None:
-            n_out = readout.n_out or (int(np.prod(want)) if mode == "forecast" else None)
-            if n_out is None:
-                raise ValueError("rls readout in supervised mode: give n_out (the target size)")
-            shape = (n_out,) if mode != "forecast" or channels is not None else want
-            if mode == "forecast" and int(np.prod(shape)) != int(np.prod(want)):
-                raise ValueError(f"forecast mode predicts {want}; the readout has n_out = {n_out}")
-            return tuple(shape), np.dtype(out.dtype)
-        if mode == "forecast" and tuple(out.shape) != want:
-            raise ValueError(f"forecast mode predicts the next input{'' if channels is None else ' channels'}: "
-                             f"the model output {tuple(out.shape)} must have shape {want}")
-        return tuple(out.shape), np.dtype(out.dtype)
+        self.names = NamedState(self.layout, self.fns.store, self.fns.rolling, self.n, self.per_slot)
+        self.checks = CallChecks(self.slots, (self.x_shape, self.x_dtype), (self.out_shape, self.y_dtype),
+                                 needs_target=mode == "supervised" and not self.label_delay,
+                                 label_delay=self.label_delay)
 
     # ---- state ------------------------------------------------------------------------
     def _init_state(self, params):
@@ -253,53 +212,17 @@ class OnlineLearner:
 
     def state_dict_of(self, buffers) -> dict:
         """``state_dict`` of ``buffers`` (a state of this learner's layout, e.g. a bank's slot)."""
-        return self._expand(self.layout.to_named(buffers))
+        return self.names.state_dict(buffers)
 
     def load_state_dict(self, named: dict):
+        """Replace the whole state with ``named`` (a ``state_dict`` of a learner built the same
+        way); a KeyError / ValueError, and nothing changed, if it does not fit."""
         self.buffers = self.buffers_of(named)
 
     def buffers_of(self, named: dict) -> tuple:
         """The buffers of a ``state_dict``; a KeyError / ValueError (nothing built) if it
         does not fit this learner's layout."""
-        compact = self._collapse(named)
-        missing = set(self.layout.names) - set(compact)
-        if missing:
-            raise KeyError(f"state is missing {sorted(missing)[:5]}")
-        for name, shape, _ in self.layout.entries():
-            if tuple(np.shape(compact[name])) != shape:
-                raise ValueError(f"state '{name}' has shape {np.shape(compact[name])}, expected {shape}")
-        return self.layout.from_named(compact)
-
-    def _expand(self, named):
-        out = {}
-        for name, v in named.items():
-            found = self.fns.store.block_of(name, np.shape(v))
-            if found is None:
-                out[name] = v
-                continue
-            pl = found[1]
-            lead = v.shape[:-2]
-            flat = v.reshape(lead + (-1,))
-            for slot in pl.slots:
-                start = pl.offset(slot)
-                out[f"{name}.{slot.name}"] = flat[..., start:start + slot.size].reshape(lead + slot.shape)
-        return out
-
-    def _collapse(self, named):
-        out = {}
-        for name, shape, dtype in self.layout.entries():
-            found = self.fns.store.block_of(name, shape)
-            if name in named:
-                out[name] = named[name]
-            elif found is not None and all(f"{name}.{p.name}" in named for p in found[1].slots):
-                pl = found[1]
-                lead = shape[:-2]
-                flat = np.zeros(lead + (int(np.prod(shape[-2:])),), dtype)
-                for p in pl.slots:
-                    start = pl.offset(p)
-                    flat[..., start:start + p.size] = np.asarray(named[f"{name}.{p.name}"]).reshape(lead + (-1,))
-                out[name] = flat.reshape(shape)
-        return out
+        return self.names.buffers(named)
 
     @property
     def params(self) -> dict:
@@ -320,16 +243,7 @@ class OnlineLearner:
 
     def params_of(self, buffers) -> dict:
         """``params`` of ``buffers``."""
-        named = self.layout.to_named(buffers, prefix="params")
-        store = self.fns.store
-        if store.separate:
-            stored = {k[len("params."):]: v for k, v in named.items()}
-        else:
-            stored = named["params"] if store.groups is None else {g: named[f"params.{g}"] for g in store.layouts}
-        if not self.per_slot:
-            return {k: np.asarray(v) for k, v in store.unpack(stored).items()}
-        per = [store.unpack(jax.tree_util.tree_map(lambda a: a[i], stored)) for i in range(self.n)]
-        return {k: np.stack([np.asarray(p[k]) for p in per]) for k in per[0]}
+        return self.names.params(buffers)
 
     def predictor_state(self) -> dict:
         """Everything besides the weights (``params``) that a prediction is made from, as
@@ -349,12 +263,7 @@ class OnlineLearner:
 
     def predictor_state_of(self, buffers) -> dict:
         """``predictor_state`` of ``buffers``."""
-        out = {}
-        for prefix in PREDICTING:
-            for name, v in self.layout.to_named(buffers, prefix=prefix).items():
-                if name not in NOT_PREDICTING:
-                    out[name] = v
-        return self._expand(out)
+        return self.names.predictor_state(buffers)
 
     def stats(self) -> dict:
         """The learner's counters and scores, as a dict.
@@ -382,55 +291,9 @@ class OnlineLearner:
 
     def stats_of(self, buffers) -> dict:
         """``stats`` of ``buffers``."""
-        named = self.layout.to_named(buffers, prefix="stats.")
-        counters = named["stats.counters"].reshape(-1, len(COUNTERS))
-        out = {name: int(counters[:, i].sum()) for i, name in enumerate(COUNTERS) if name != "since_update"}
-        if self.per_slot:
-            out["step"] = int(counters[:, 0].max())
-        n = np.maximum(named["stats.preq_n"], 1)
-        out["prequential_loss"] = (named["stats.preq_sum"] / n).reshape(-1)
-        roll = {k[len("stats.roll."):]: v for k, v in named.items() if k.startswith("stats.roll.")}
-        roll = {k: v.reshape(-1) if k == "n" else v.reshape(-1, v.shape[-1]) for k, v in roll.items()}
-        out["metrics"] = self.fns.rolling.summary(roll)
-        for key, name in (("screen", "outliers"), ("rollback", "rolled_back")):
-            got = self.layout.to_named(buffers, prefix=f"{key}.count")
-            if got:
-                per = got[f"{key}.count"].reshape(-1)
-                out[name] = int(per.sum())
-                out["metrics"][name] = per.astype(np.int64)
-        return out
+        return self.names.stats(buffers)
 
     # ---- calls ------------------------------------------------------------------------
-    def _check(self, x, y, lead=(), learning=True, n=None):
-        n = n or self.n
-        x = np.asarray(x, self.x_dtype)
-        want = lead + (() if self.slots is None else (n,)) + self.x_shape
-        if x.shape != want:
-            raise ValueError(f"x has shape {x.shape}, expected {want}")
-        if y is None:
-            if self.cfg.mode == "supervised" and learning and not self.label_delay:
-                raise ValueError("supervised mode needs a target with every x (or learn=False)")
-            y = self._no_target if not lead and n == self.n else \
-                np.zeros(lead + (() if self.slots is None else (n,)) + self.out_shape, self.y_dtype)
-        elif self.label_delay:
-            raise ValueError("with Supervised(label_delay=...) a step takes no target: give it later "
-                             "(or at once) with label(y, age, slot)")
-        else:
-            y = np.asarray(y, self.y_dtype)
-            want = lead + (() if self.slots is None else (n,)) + self.out_shape
-            if y.shape != want:
-                raise ValueError(f"target has shape {y.shape}, expected {want}")
-        return x, y
-
-    def _mask(self, mask, lead=(), name="active", n=None):
-        n = n or self.n
-        if mask is None:
-            return self._ones if not lead and n == self.n else np.ones(lead + (n,), bool)
-        mask = np.asarray(mask, bool)
-        if mask.shape != lead + (n,):
-            raise ValueError(f"{name} has shape {mask.shape}, expected {lead + (n,)}")
-        return mask
-
     def step(self, x, target=None, active=None, learn=None) -> StepResult:
         """One step: predict from ``x`` and learn from the target.
 
@@ -461,9 +324,9 @@ class OnlineLearner:
         >>> r.prediction.shape, r.loss.shape, bool(r.applied)
         ((1,), (1,), True)
         """
-        learn = self._mask(learn, name="learn")
-        x, y = self._check(x, target, learning=bool(learn.any()))
-        self.buffers, vec = self.programs.step()(self.buffers, x, y, self._mask(active), learn)
+        learn = self.checks.mask(learn, name="learn")
+        x, y = self.checks.inputs(x, target, learning=bool(learn.any()))
+        self.buffers, vec = self.programs.step()(self.buffers, x, y, self.checks.mask(active), learn)
         return self.programs.decode(np.asarray(vec))
 
     def step_many(self, xs, targets=None, active=None, learn=None) -> list[StepResult]:
@@ -495,9 +358,9 @@ class OnlineLearner:
         """
         xs = np.asarray(xs)
         k = xs.shape[0]
-        learn = self._mask(learn, lead=(k,), name="learn")
-        xs, ys = self._check(xs, targets, lead=(k,), learning=bool(learn.any()))
-        self.buffers, vec = self.programs.step(k)(self.buffers, xs, ys, self._mask(active, lead=(k,)), learn)
+        learn = self.checks.mask(learn, lead=(k,), name="learn")
+        xs, ys = self.checks.inputs(xs, targets, lead=(k,), learning=bool(learn.any()))
+        self.buffers, vec = self.programs.step(k)(self.buffers, xs, ys, self.checks.mask(active, lead=(k,)), learn)
         per = np.asarray(vec).reshape(k, -1)
         return [self.programs.decode(v) for v in per]
 
@@ -539,9 +402,9 @@ class OnlineLearner:
         if idx.min() < 0 or idx.max() >= self.n or len(np.unique(idx)) != idx.size:
             raise ValueError(f"slots must be distinct indices in 0..{self.n - 1}; got {idx.tolist()}")
         m = idx.size
-        learn = self._mask(learn, name="learn", n=m)
-        x, y = self._check(x, target, learning=bool(learn.any()), n=m)
-        active = self._mask(active, n=m)
+        learn = self.checks.mask(learn, name="learn", n=m)
+        x, y = self.checks.inputs(x, target, learning=bool(learn.any()), n=m)
+        active = self.checks.mask(active, n=m)
         return self.run_subset(idx.astype(np.int32), 1, x[None], y[None], active[None], learn[None])[0]
 
     # ---- the engine's path (inputs already of the right shapes and dtypes, no validation) ----
@@ -612,24 +475,10 @@ class OnlineLearner:
         if not self.label_delay:
             raise ValueError("label() needs mode=Supervised(label_delay=d) with d >= 1")
         i = np.int32(0) if self.slots is None and slot is None else self._slot_index(slot)
-        y = np.asarray(y, self.y_dtype)
-        if y.shape != self.out_shape:
-            raise LabelError("bad_shape", f"label has shape {y.shape}, expected {self.out_shape}")
-        if not np.isfinite(y).all():
-            raise LabelError("not_finite", "label contains NaN or Inf")
-        if not isinstance(age, (int, np.integer)) or age < 0:
-            raise LabelError("unknown_label", f"age must be an integer >= 0 (steps back); got {age!r}")
-        if age >= self.label_delay:
-            raise LabelError("label_too_late", f"the step {age} steps back is beyond label_delay = {self.label_delay}")
+        y = checked_label(y, age, self.label_delay, self.out_shape, self.y_dtype)
         return (*self.programs.label()(buffers, i, np.int32(age), y), i)
 
-    @staticmethod
-    def label_result(status, loss, applied, slot, age: int) -> LabelResult:
-        """A label program's outcome (``label_of``): its LabelResult, or its ``LabelError``."""
-        status = int(status)
-        if status:
-            raise LabelError(LABEL_CODES[status], _LABEL_MESSAGES[status].format(age=age, slot=slot))
-        return LabelResult(float(loss), bool(applied))
+    label_result = staticmethod(label_outcome)
 
     def reset_slot(self, slot: int):
         """A stream left and another joins: start ``slot`` afresh.
@@ -716,12 +565,8 @@ class OnlineLearner:
         saved arrays themselves ("state_dict": name, shape, dtype of every ``state_dict()``
         entry). The arrays do not depend on how the state is stored (one packed weight block
         or an array per weight), so a checkpoint is checked by them when both sides have them."""
-        if self._state_dict_signature is None:
-            zeros = {n: np.zeros(shape, dt) for n, shape, dt in self.layout.entries()}
-            self._state_dict_signature = [[n, list(np.shape(v)), np.asarray(v).dtype.str]
-                                          for n, v in self._expand(zeros).items()]
         return {**self._signature_extra, "state": self.layout.signature(),
-                "state_dict": self._state_dict_signature}
+                "state_dict": self.names.array_signature()}
 
     def save(self, path, extra: dict | None = None):
         """Write the whole learner state to a checkpoint file, atomically.
