@@ -194,8 +194,7 @@ class OnlineLearner:
                                  x=(self.x_shape, self.x_dtype), y=(self.out_shape, self.y_dtype))
         self.names = NamedState(self.layout, self.fns.store, self.fns.rolling, self.n, self.per_slot)
         self.checks = CallChecks(self.slots, (self.x_shape, self.x_dtype), (self.out_shape, self.y_dtype),
-                                 needs_target=mode == "supervised" and not self.label_delay,
-                                 label_delay=self.label_delay)
+                                 needs_target=mode == "supervised" and not self.label_delay, label_delay=self.label_delay)
 
     # ---- state ------------------------------------------------------------------------
     def _init_state(self, params):
