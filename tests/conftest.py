@@ -27,15 +27,27 @@ def _float32_after_each_test():
     brainstate.environ.set(precision=32)
 
 
+def _run_once() -> set[str]:
+    """The test functions CI runs with one Python only (tests/ci_once.txt), as path::function."""
+    lines = (_TESTS / "ci_once.txt").read_text().splitlines()
+    return {line.strip() for line in lines if line.strip() and not line.startswith("#")}
+
+
+# the test folders whose slow tests CI runs with Python 3.11 ("a"); the others' run with 3.12
+# ("b"). tests/export must be "a" (that venv has the aarch64 runtime); the rest is chosen so that
+# the two halves take about the same time (measured with --durations on a loaded 2-core machine:
+# about 930 s each)
+_WITH_311 = {"export", "learner", "evaluation", "recipe", "project"}
+
+
 def pytest_collection_modifyitems(config, items):
-    """CI runs the suites of two Pythons side by side: every test not marked slow on both, and
-    each slow one on one of them (``slow_a``: with Python 3.11, ``slow_b``: with 3.12, by a
-    stable hash of its file; the device tests under tests/export stay with 3.11, whose venv
-    has the aarch64 runtime). ``make test`` alone runs them all."""
-    import zlib
+    """CI runs the suites of two Pythons side by side: every test on both, but the slow ones and
+    those listed in tests/ci_once.txt on one of them (``slow_a``: with Python 3.11, ``slow_b``:
+    with 3.12, by their test folder, ``_WITH_311``). ``make test`` alone runs them all."""
+    once = _run_once()
     for item in items:
-        if item.get_closest_marker("slow") is None:
-            continue
         path = item.nodeid.split("::")[0]
-        half = "a" if path.startswith("tests/export/") or zlib.crc32(path.encode()) % 2 == 0 else "b"
-        item.add_marker(getattr(pytest.mark, f"slow_{half}"))
+        if item.get_closest_marker("slow") is None and item.nodeid.split("[")[0] not in once:
+            continue
+        folder = path.split("/")[1] if path.count("/") >= 2 else ""
+        item.add_marker(pytest.mark.slow_a if folder in _WITH_311 else pytest.mark.slow_b)
