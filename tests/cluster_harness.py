@@ -156,7 +156,7 @@ def final_states(url: str, stepper_cfg: Path) -> dict:
 
     async def main():
         nc = await L.connect(url)
-        js = nc.jetstream()
+        js = nc.jetstream(timeout=30)   # a broker may have just been killed: its election takes seconds
         kv, obj = await js.key_value(L.LEASES), await js.object_store(L.CHECKPOINTS)
         states = {}
         for k in range(P):
