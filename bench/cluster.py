@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import socket
 import subprocess
@@ -256,6 +257,24 @@ def failover(feed: Feed, workers: list, backlog: int) -> tuple[float, float, int
     return first - t_kill, (len(after) - 1) / max(last - first, 1e-9), len(after)
 
 
+@contextlib.contextmanager
+def cluster_run(srv, workers: list, logs: list):
+    """Around a bench's run on ``srv`` with ``workers`` [(process, id)]: yields a list for the
+    feeds it makes; on an error prints the workers' last log lines; always closes the feeds,
+    stops the workers and kills the server."""
+    feeds = []
+    try:
+        yield feeds
+    except BaseException:
+        sys.stderr.write("worker logs:\n" + "".join(logs[-60:]))
+        raise
+    finally:
+        for feed in feeds:
+            feed.close()
+        H.terminate([p for p, _ in workers])
+        srv.kill()
+
+
 def scale(streams: int, steps: int, backlog: int) -> dict:
     """steps/s with 1, 2 and 4 workers, then a failover with a backlog."""
     tmp = Path(tempfile.mkdtemp(prefix="streamtrace-bench-cluster-"))
@@ -267,24 +286,16 @@ def scale(streams: int, steps: int, backlog: int) -> dict:
         for p in [H.start_worker(srv.url, cfg, "--checkpoint-every", "200", wait=False) for _ in range(n)]:
             workers.append((p, H.wait_joined(p, sink=logs)))
         H.wait_balanced(srv.url, len(workers))
-    feed = None
-    try:
+    with cluster_run(srv, workers, logs) as feeds:
         add(1)
         feed = Feed(srv.url, streams, 3 * steps + backlog + 10)
+        feeds.append(feed)
         feed.run(10)                                       # warm: the streams' first steps, subscriptions
         for n in (1, 2, 4):
             if len(workers) < n:
                 add(n - len(workers))
             out[f"steps_s_{n}"] = feed.run(steps)
         out["failover_s"], out["replay_steps_s"], out["replayed"] = failover(feed, workers, backlog)
-    except BaseException:
-        sys.stderr.write("worker logs:\n" + "".join(logs[-60:]))
-        raise
-    finally:
-        if feed is not None:
-            feed.close()
-        H.terminate([p for p, _ in workers])
-        srv.kill()
     return out
 
 

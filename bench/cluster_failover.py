@@ -22,7 +22,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cluster_harness as H                                  # noqa: E402
-from cluster import Feed, failover                           # noqa: E402
+from cluster import Feed, cluster_run, failover              # noqa: E402
 from streamtrace.cluster import NatsServer                   # noqa: E402
 
 DEFAULTS = ("--partitions", "16", "--lease-ttl", "2.0", "--checkpoint-every", "200")   # `cluster up`'s
@@ -32,16 +32,17 @@ def measure(runs: int, streams: int, backlog: int) -> list[float]:
     tmp = Path(tempfile.mkdtemp(prefix="streamtrace-bench-failover-"))
     cfg = H.config(tmp, slots=2 * streams)
     srv = NatsServer(store_dir=str(tmp / "store")).start()
-    workers, logs, out, feed = [], [], [], None
+    workers, logs, out = [], [], []
 
     def add():
         p = H.start_worker(srv.url, cfg, *DEFAULTS, wait=False)
         workers.append((p, H.wait_joined(p, sink=logs)))
-    try:
+    with cluster_run(srv, workers, logs) as feeds:
         for _ in range(3):
             add()
         H.wait_balanced(srv.url, 3)
         feed = Feed(srv.url, streams, (runs + 1) * (backlog + 20) + 10)
+        feeds.append(feed)
         feed.run(10)
         for i in range(runs):
             feed.run(20)                          # every partition answered lately: its owner known
@@ -51,14 +52,6 @@ def measure(runs: int, streams: int, backlog: int) -> list[float]:
             workers[:] = [(p, w) for p, w in workers if p.poll() is None]
             add()
             H.wait_balanced(srv.url, 3)
-    except BaseException:
-        sys.stderr.write("worker logs:\n" + "".join(logs[-60:]))
-        raise
-    finally:
-        if feed is not None:
-            feed.close()
-        H.terminate([p for p, _ in workers])
-        srv.kill()
     return out
 
 
