@@ -52,6 +52,23 @@ class RunnerBank:
         self.slots[slot] = r.buffers
         return out
 
+    def predict(self, slot: int, x, y, learn: bool):
+        """``step``'s (prediction, loss, applied (False)) without the step: the export's
+        prediction twin on the slot's state, which stays as it is."""
+        r = self.runner
+        r.buffers = self.slots[slot]
+        self._learn[0] = learn
+        return r.predict(np.asarray(x)[None], None if y is None else np.asarray(y)[None], learn=self._learn)
+
+    def label(self, slot: int, y, age: int) -> tuple:
+        """The label ``y`` of the slot's step ``age`` steps back (the export's label program):
+        (status, loss, applied); status 0 applied, else the state unchanged (labels.CODES)."""
+        r = self.runner
+        r.buffers = self.slots[slot]
+        got = r.label(y, age, 0)
+        self.slots[slot] = r.buffers
+        return got
+
     def reset(self, slot: int):
         """The slot's state back to the export's initial one."""
         self.slots[slot] = self._initial

@@ -20,6 +20,8 @@ __all__ = ["Runner", "RunnerError"]
 
 FORMAT = "streamtrace-export"
 FILES = ("step.vmfb", "state.npz", StateMap.FILE)     # an export folder's files, by the manifest's sha256
+# with, where exported: predict.vmfb, label.vmfb (learning.label_delay), reset.vmfb (several slots)
+LABEL_CODES = {1: "unknown_label", 2: "label_too_late", 3: "already_labelled", 4: "not_finite"}
 
 
 class RunnerError(RuntimeError):
@@ -35,7 +37,7 @@ def read_manifest(folder: Path) -> dict:
     if manifest.get("format") != FORMAT or manifest.get("version") != 1:
         raise RunnerError(f"{folder}: unsupported export format {manifest.get('format')!r} "
                           f"version {manifest.get('version')!r}")
-    for name in FILES:
+    for name in dict.fromkeys(FILES + tuple(manifest.get("sha256", {}))):
         try:
             digest = hashlib.sha256((folder / name).read_bytes()).hexdigest()
         except OSError as e:
@@ -66,10 +68,11 @@ class Runner:
         self.map = StateMap.load(self.folder, m["buffers"])
         self._rt = rt
         self._ctx = rt.SystemContext(config=rt.Config(driver))
-        module = rt.VmModule.mmap(self._ctx.instance, str(self.folder / "step.vmfb"))
-        self._ctx.add_vm_module(module)
-        self._fn = self._ctx.modules[module.name][m["function"]]
+        self._programs = {}
+        self._fn = self.program("step")
         self._in = {k: (tuple(shape), np.dtype(dt)) for k, (shape, dt) in m["inputs"].items()}
+        if "label" in m.get("programs", {}):
+            self._in["label"] = tuple(m["programs"]["label"]["inputs"][2][0]), np.dtype(m["programs"]["label"]["inputs"][2][1])
         self._ones = np.ones(*self._in["active"])
         self._fixed = m.get("fixed_from", len(m["buffers"]))
         self._no_target = np.zeros(*self._in["y"])
@@ -79,6 +82,19 @@ class Runner:
         self.events = {"outlier": np.zeros(self._n, bool), "rolled_back": np.zeros(self._n, bool)}
         self.steps = 0
         self.load(self.folder / "state.npz" if state is None else state)
+
+    def program(self, name: str):
+        """The exported program ``name`` (step, predict, label, reset), its module loaded on
+        first use (a program the server never runs costs no memory); ``RunnerError`` if the
+        folder has none of that name."""
+        fn = self._programs.get(name)
+        if fn is None:
+            if name != "step" and name not in self.manifest.get("programs", {}):
+                raise RunnerError(f"{self.folder}: no {name} program in this export")
+            module = self._rt.VmModule.mmap(self._ctx.instance, str(self.folder / f"{name}.vmfb"))
+            self._ctx.add_vm_module(module)
+            fn = self._programs[name] = self._ctx.modules[module.name][self.manifest["function"]]
+        return fn
 
     def load(self, path):
         """Continue from the checkpoint ``path`` (refused, ``CheckpointError``, if it is of
@@ -115,14 +131,39 @@ class Runner:
         active = self._ones if active is None else self._input("active", active)
         learn = self._ones if learn is None else self._input("learn", learn)
         *out, vec = self._fn(*self._buffers, self._input("x", x), y, active, learn)
+        self._kept(out)
+        self.steps += 1
+        return self.decode(vec.to_host())
+
+    def _kept(self, out):
         # the frozen weights' buffers (from ``fixed_from`` on) never change: kept as they came in
         # (the program hands them back with some zeros' signs flipped, which a bank, serve's or
         # bank.py's, would take for different weights)
         self._buffers = out[:self._fixed] + self._buffers[self._fixed:]
-        self.steps += 1
-        return self.decode(vec.to_host())
 
-    def decode(self, vec):
+    def predict(self, x, y=None, active=None, learn=None):
+        """The step's (prediction, loss, applied (False)) without the step: the prediction twin
+        (``Programs.predict``), the state untouched, the same bits as ``step``'s prediction."""
+        y = self._no_target if y is None else self._input("y", y)
+        active = self._ones if active is None else self._input("active", active)
+        learn = self._ones if learn is None else self._input("learn", learn)
+        vec = self.program("predict")(*self._buffers, self._input("x", x), y, active, learn)
+        return self.decode(vec.to_host(), events=False)
+
+    def label(self, y, age: int, slot: int = 0):
+        """Apply the label ``y`` of the step ``age`` steps before ``slot``'s latest (learning.
+        label_delay; ``Programs.label``): (status, loss, applied); status 0: applied, else a code
+        of ``LABEL_CODES`` and the state unchanged."""
+        out = self.program("label")(*self._buffers, np.int32(slot), np.int32(age), self._input("label", y))
+        *state, status, loss, applied = out
+        self._kept(state)
+        return int(status.to_host()), float(loss.to_host()), bool(applied.to_host())
+
+    def reset(self, slot: int):
+        """``slot``'s state back to the initial one (an export of several slots; ``Programs.reset``)."""
+        self._kept(list(self.program("reset")(*self._buffers, np.int32(slot))))
+
+    def decode(self, vec, events: bool = True):
         """The step's output vector as (prediction, loss, applied) (``Programs._decode``); the
         per-slot events (outlier, rolled_back) go to ``self.events``."""
         n_pred, n = int(np.prod(self._pred_shape)), self._n
@@ -130,7 +171,7 @@ class Runner:
         applied = vec[n_pred + n:n_pred + n + (n if per_slot else 1)] > 0.5
         flags = vec[n_pred + n + (n if per_slot else 1):].reshape(-1, n) > 0.5
         names = {"screen": "outlier", "rollback": "rolled_back"}
-        for key, f in zip(self.manifest["outputs"].get("events", []), flags):
+        for key, f in zip(self.manifest["outputs"].get("events", []) if events else (), flags):
             self.events[names[key]] = f
         return (vec[:n_pred].reshape(self._pred_shape), vec[n_pred:n_pred + self._n],
                 applied if self.manifest["outputs"]["per_slot_applied"] else bool(applied[0]))

@@ -104,7 +104,10 @@ class RunnerServer:
                 elif pub is not None:
                     pub.send_multipart([dest, raw], flags=zmq.NOBLOCK)
             except (zmq.Again, zmq.ZMQError):
-                self.core.counters["reply_failures" if kind == "reply" else "pub_dropped"] += 1
+                if kind == "reply":
+                    self.core.metrics.count("reply_failures")
+                else:
+                    self.core.metrics.pub_drop(dest)
 
     def _read(self, sock, routed: bool):
         m = recv_message(sock, routed=routed, max_bytes=self.core.opt.max_message_bytes)

@@ -1,0 +1,63 @@
+"""The runner's ``stats`` message, with ``serve``'s keys where they mean the same: the server's
+counters, latency percentiles, per-stream loss and events (counters.py), the learner's own
+counters summed over slots (``learner``), each stream's rolling prequential metrics
+(``stream_metrics``: mse, mae, nrmse, n, in user units, time constant metrics.window), streams,
+slots_free, parked_streams, version, mode and horizon."""
+from __future__ import annotations
+
+import numpy as np
+
+from .rolling import summary
+
+__all__ = ["stats_snapshot", "learner_stats"]
+
+# the learner's step counters, in the order of its ``stats.counters`` columns (an export's
+# manifest names them; this is the order of exports that do not)
+COUNTERS = ("step", "updates", "skipped", "rejected", "since_update")
+_ROLL = ("stats.roll.se", "stats.roll.ae", "stats.roll.y", "stats.roll.y2", "stats.roll.n")
+_EVENTS = (("screen.count", "outliers"), ("rollback.count", "rolled_back"))
+
+
+def learner_stats(named: dict, counters=COUNTERS, window: int = 1000) -> dict:
+    """``OnlineLearner.stats()`` of a bank's checkpoint arrays ``named`` (slots first): the
+    counters summed over slots ("step": the most any slot took), and per slot ``metrics``
+    (rolling mse, mae, nrmse, n; outliers and rolled_back where the learner counts them).
+
+    >>> named = {"stats.counters": np.array([[[3, 2, 0, 0, 1]], [[5, 4, 1, 0, 0]]])}
+    >>> out = learner_stats(named); out["step"], out["updates"], out["skipped"]
+    (5, 6, 1)
+    """
+    c = np.asarray(named["stats.counters"]).reshape(-1, len(counters))
+    out = {name: int(c[:, i].sum()) for i, name in enumerate(counters) if name != "since_update"}
+    out["step"] = int(c[:, 0].max())
+    if all(k in named for k in _ROLL):
+        roll = {k[len("stats.roll."):]: np.asarray(named[k]) for k in _ROLL}
+        roll = {k: v.reshape(-1) if k == "n" else v.reshape(-1, v.shape[-1]) for k, v in roll.items()}
+        out["metrics"] = summary(roll, window)
+        for key, name in _EVENTS:
+            if key in named:
+                per = np.asarray(named[key]).reshape(-1)
+                out[name] = int(per.sum())
+                out["metrics"][name] = per.astype(np.int64)
+    return out
+
+
+def stats_snapshot(core) -> dict:
+    """The stats of a ``core.RunnerCore`` (its metrics, bank, streams), as ``serve``'s engine
+    builds them."""
+    m = core.bank.runner.manifest
+    snap = core.metrics.snapshot(len(core.streams), len(core.free))
+    names = ["stats.counters", *_ROLL, *(k for k, _ in _EVENTS)]
+    named = core.bank.state_dict([n for n in names if n in core.bank.runner.map.positions])
+    learner = learner_stats(named, m.get("counters", COUNTERS), m["config"]["metrics"]["window"])
+    per = learner.pop("metrics", None)
+    snap["learner"] = learner
+    snap["stream_metrics"] = {} if per is None else {
+        name: {k: (int(per[k][st.slot]) if k == "n" else float(per[k][st.slot])) for k in ("mse", "mae", "nrmse", "n")}
+        for name, st in core.streams.items()}
+    for name, ev in snap["stream_events"].items():      # beside the metrics, as serve's dashboard reads them
+        if name in snap["stream_metrics"]:
+            snap["stream_metrics"][name].update(ev)
+    snap.update(version=core.version, pending=0, parked_streams=len(core.parking),
+                mode=m["config"]["learning"]["mode"], horizon=m["config"]["learning"]["horizon"])
+    return snap
