@@ -4,7 +4,7 @@ one run, the default learner, one stream, the same client (``launch.roundtrips``
     python bench/runner_server.py [--steps 2000] [--rounds 3] [--cgroup-mb 48] [--md FILE]
 
 Per round and side, a fresh process: start to first answer (Popen to the first reply a client
-polling the ROUTER gets), ``steps`` timed round trips after 200 untimed (median, p99), the peak
+gets, connecting once the ROUTER's ipc socket exists), ``steps`` timed round trips after 200 untimed (median, p99), the peak
 RSS (VmHWM). Then the runner alone inside a cgroup-v1 memory cgroup of ``--cgroup-mb`` (the
 process and its children; swap off through memory.memsw where the kernel has it): steps
 answered and the cgroup's OOM kills. Ratios: median over rounds of runner / serve.
@@ -31,6 +31,11 @@ CG = Path("/sys/fs/cgroup/memory")
 
 def _first_answer(proc, endpoint, t0) -> float:
     from streamtrace.transport import SensorClient
+    path = Path(endpoint[len("ipc://"):])
+    while not path.exists():      # bound: connecting earlier waits out ZeroMQ's 100 ms reconnect interval
+        if proc.poll() is not None:
+            raise RuntimeError(f"exited with {proc.returncode}")
+        time.sleep(0.001)
     with SensorClient(endpoint, stream="first", timeout_s=0.05) as c:
         while True:
             try:

@@ -32,6 +32,8 @@ def _parser():
 
 
 def serve(args) -> int:
+    from .memory import return_freed_memory
+    return_freed_memory()
     from .bank import RunnerBank
     from .checkpoints import CheckpointError
     from .core import Options, RunnerCore

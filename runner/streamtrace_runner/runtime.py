@@ -7,13 +7,13 @@ module imports numpy, ``iree.runtime`` and the checkpoint format, never jax.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
 import numpy as np
 
 from .checkpoints import read_checkpoint, write_checkpoint
+from .digest import file_sha256
 from .state_map import StateMap
 
 __all__ = ["Runner", "RunnerError"]
@@ -29,7 +29,9 @@ class RunnerError(RuntimeError):
 
 
 def read_manifest(folder: Path) -> dict:
-    """The folder's manifest, its files checked against their sha256."""
+    """The folder's manifest, its state map and step module checked against their sha256 (the
+    other modules when first loaded: ``check_file``; the initial state by its own digest, as
+    a checkpoint, when read)."""
     try:
         manifest = json.loads((folder / "manifest.json").read_text())
     except (OSError, ValueError) as e:
@@ -37,14 +39,20 @@ def read_manifest(folder: Path) -> dict:
     if manifest.get("format") != FORMAT or manifest.get("version") != 1:
         raise RunnerError(f"{folder}: unsupported export format {manifest.get('format')!r} "
                           f"version {manifest.get('version')!r}")
-    for name in dict.fromkeys(FILES + tuple(manifest.get("sha256", {}))):
-        try:
-            digest = hashlib.sha256((folder / name).read_bytes()).hexdigest()
-        except OSError as e:
-            raise RunnerError(f"{folder}: {name} unreadable ({e.strerror})") from None
-        if digest != manifest["sha256"].get(name):
-            raise RunnerError(f"{folder}: {name} does not match the manifest's sha256 (damaged or replaced)")
+    for name in FILES:
+        if name != "state.npz" or "state_sha256" not in manifest:
+            check_file(folder, manifest, name)
     return manifest
+
+
+def check_file(folder: Path, manifest: dict, name: str):
+    """``RunnerError`` unless the folder's file ``name`` has the manifest's sha256."""
+    try:
+        digest = file_sha256(folder / name)
+    except OSError as e:
+        raise RunnerError(f"{folder}: {name} unreadable ({e.strerror})") from None
+    if digest != manifest["sha256"].get(name):
+        raise RunnerError(f"{folder}: {name} does not match the manifest's sha256 (damaged or replaced)")
 
 
 class Runner:
@@ -91,6 +99,8 @@ class Runner:
         if fn is None:
             if name != "step" and name not in self.manifest.get("programs", {}):
                 raise RunnerError(f"{self.folder}: no {name} program in this export")
+            if name != "step":       # (the step's was checked with the manifest)
+                check_file(self.folder, self.manifest, f"{name}.vmfb")
             module = self._rt.VmModule.mmap(self._ctx.instance, str(self.folder / f"{name}.vmfb"))
             self._ctx.add_vm_module(module)
             fn = self._programs[name] = self._ctx.modules[module.name][self.manifest["function"]]
@@ -100,7 +110,11 @@ class Runner:
         """Continue from the checkpoint ``path`` (refused, ``CheckpointError``, if it is of
         another learner or damaged); its ``extra["step"]`` becomes ``steps``."""
         arrays, header = read_checkpoint(path, expect_signature=self.manifest["signature"])
+        initial = Path(path) == self.folder / "state.npz"
+        if initial and "state_sha256" in self.manifest and header.get("sha256") != self.manifest["state_sha256"]:
+            raise RunnerError(f"{self.folder}: state.npz does not match the manifest's sha256 (damaged or replaced)")
         self._buffers = self.device_buffers(arrays)
+        del arrays
         self.steps = int(header.get("extra", {}).get("step", 0))
 
     @property

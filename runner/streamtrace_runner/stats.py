@@ -48,7 +48,7 @@ def stats_snapshot(core) -> dict:
     m = core.bank.runner.manifest
     snap = core.metrics.snapshot(len(core.streams), len(core.free))
     names = ["stats.counters", *_ROLL, *(k for k, _ in _EVENTS)]
-    named = core.bank.state_dict([n for n in names if n in core.bank.runner.map.positions])
+    named = core.bank.state_dict([n for n in names if n in core.bank.runner.map.names])
     learner = learner_stats(named, m.get("counters", COUNTERS), m["config"]["metrics"]["window"])
     per = learner.pop("metrics", None)
     snap["learner"] = learner

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..checkpoints import write_checkpoint
+from ..checkpoints import read_checkpoint, write_checkpoint
 from ..learner.step import COUNTERS
 from .learner import learner_of, load_config
 from .program import ExportError, compile_program, programs_of
@@ -121,6 +121,7 @@ def export_learner(config, out, target: str = "host", slots: int = 1) -> dict:
         "slots": learner.n, "precision": cfg.model.precision, "tanh64_rewritten": sum(p.tanh for p in programs),
         "signature": learner.signature(),
         "config": {k: dataclasses.asdict(getattr(cfg, k)) for k in LEARNER_SECTIONS},
-        "versions": _versions(), "sha256": _sha256(folder, [f"{n}.vmfb" for n in compiled])}
+        "versions": _versions(), "sha256": _sha256(folder, [f"{n}.vmfb" for n in compiled]),
+        "state_sha256": read_checkpoint(folder / "state.npz")[1]["sha256"]}     # its arrays' digest
     (folder / "manifest.json").write_text(json.dumps(manifest, indent=1, default=str) + "\n")
     return manifest

@@ -42,7 +42,10 @@ CATALOGUE = {
     "label_delay": '[model]\nstack = "gru"\nn_hidden = 4\n[learning]\nmode = "supervised"\nlabel_delay = 3\n',
 }
 STEPS = 150
-F32, F64 = 2e-4, 1e-9      # relative, the largest over the steps (measured: docs/devices.md)
+# relative, the largest over the steps: float32 models within their rounding; float64 under an
+# RLS readout started at P = I / 1e-8, which amplifies the two compilers' last-bit differences
+# (measured here 3.1e-8 to 1.1e-7; docs/devices.md); the default (float32 normaliser): F32
+F32, F64 = 2e-4, 1e-6
 
 
 @pytest.mark.slow          # one export each (5-25 s) and 150 steps of both
