@@ -21,6 +21,7 @@ from .checkpoints import CheckpointDir
 from .counters import EngineCounters
 from .stats import stats_snapshot
 from .streams import Refused, StreamTable
+from .weights import WeightArrays
 
 __all__ = ["RunnerCore", "Options"]
 
@@ -69,7 +70,7 @@ class RunnerCore:
         self.table = StreamTable(bank, self.metrics, idle_timeout_s=options.idle_timeout_s, park_s=options.park_s,
                                  max_parked=options.max_parked, label_delay=self.label_delay, on_gap=options.on_gap)
         self.steps = self.version = self._since_ckpt = self._since_publish = 0
-        self._published = None
+        self.weights = WeightArrays(bank)
         self._reply = wire.PredictionEncoder()
         self.ckpt = CheckpointDir(options.checkpoint_dir, options.checkpoint_keep) if options.checkpoint_dir else None
 
@@ -225,26 +226,20 @@ class RunnerCore:
         self.table.evict_idle(self.clock() if now is None else now)
 
     # ---- weights, stats ------------------------------------------------------------------
-    def _weight_arrays(self) -> dict:
-        """{"params.<name>" | "state.<name>": array, slots first}: the manifest's ``weights`` map
-        (the learner's ``params`` and ``predictor_state`` names -> checkpoint names)."""
-        where = self.bank.runner.manifest.get("weights", {"params": {}, "state": {}})
-        state = self.bank.state_dict({*where["params"].values(), *where["state"].values()})
-        return {**{f"params.{n}": state[k] for n, k in where["params"].items()},
-                **{f"state.{n}": state[k] for n, k in where["state"].items()}}
-
     def weights_message(self, kind: str) -> bytes:
         """As ``serve``: 'snapshot' (everything that predicts, a new version if it moved since the
-        last publish) or 'update' (a new version, the arrays that changed)."""
-        arrays, prev, base = self._weight_arrays(), self._published, None
-        moved = prev is None or any(not np.array_equal(prev.get(n), v) for n, v in arrays.items())
-        if kind == "update" or moved:
+        last publish) or 'update' (a new version, the arrays that changed; weights.py)."""
+        w = self.weights
+        arrays = w.arrays(skip_fixed=kind == "update" and w.published is not None)
+        changed, base = w.changed(arrays), None
+        if kind == "update" or changed:
             base = self.version if kind == "update" else None
             self.version += 1
-            self._published, self._since_publish = arrays, 0
+            w.remember(arrays)
+            self._since_publish = 0
         if kind == "update":
             self.metrics.count("weights_published")
-            arrays = {n: v for n, v in arrays.items() if prev is None or not np.array_equal(prev.get(n), v)}
+            arrays = {n: arrays[n] for n in changed}
         part = lambda prefix: {n[len(prefix):]: wire.pack_array(v) for n, v in arrays.items() if n.startswith(prefix)}
         return wire.encode({"type": "weights", "kind": kind, "version": self.version, "base": base,
                             "params": part("params."), "state": part("state."),
@@ -279,5 +274,5 @@ class RunnerCore:
         extra = header.get("extra", {})
         self.steps, self.version = int(extra.get("steps", 0)), int(extra.get("version", 0))
         self.table.restore(extra.get("streams", {}), self.clock())
-        self._published = None
+        self.weights.published = None
         return {"path": str(path), **header}

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-__all__ = ["Parked", "ParkingLot"]
+__all__ = ["Parked", "ParkingLot", "expected_seq"]
 
 
 @dataclass
@@ -61,3 +61,20 @@ class ParkingLot:
         for n in old:
             del self._lot[n]
         return len(old)
+
+
+def expected_seq(streams: dict, lot: ParkingLot, name: str, now: float):
+    """The seq stream ``name`` expects next: its own (``streams``: name -> an object with
+    ``next_seq``), else its parked entry's; None: unknown, or any (``serve``'s and the runner's
+    stream tables).
+
+    >>> from types import SimpleNamespace as NS
+    >>> lot = ParkingLot(park_s=60.0, max_parked=4); _ = lot.park("b", 0.0, 7, state={})
+    >>> expected_seq({"a": NS(next_seq=3)}, lot, "a", 1.0), expected_seq({}, lot, "b", 1.0), expected_seq({}, lot, "c", 1.0)
+    (3, 7, None)
+    """
+    known = streams.get(name)
+    if known is not None:
+        return known.next_seq
+    parked = lot.get(name, now) if lot.enabled else None
+    return None if parked is None else parked.next_seq

@@ -113,9 +113,15 @@ class Runner:
         initial = Path(path) == self.folder / "state.npz"
         if initial and "state_sha256" in self.manifest and header.get("sha256") != self.manifest["state_sha256"]:
             raise RunnerError(f"{self.folder}: state.npz does not match the manifest's sha256 (damaged or replaced)")
-        self._buffers = self.device_buffers(arrays)
-        del arrays
+        host = self.map.buffers(arrays)
+        del arrays           # (the host copies go one by one as they reach the device: a lower peak)
+        self._buffers = self._to_device(host)
         self.steps = int(header.get("extra", {}).get("step", 0))
+
+    def initial_buffers(self) -> list:
+        """Device buffers of the folder's initial state (``state.npz``, read again)."""
+        arrays, _ = read_checkpoint(self.folder / "state.npz", expect_signature=self.manifest["signature"])
+        return self._to_device(self.map.buffers(arrays))
 
     @property
     def buffers(self) -> list:
@@ -128,8 +134,14 @@ class Runner:
 
     def device_buffers(self, named: dict) -> list:
         """Device buffers holding the checkpoint arrays ``named`` (``StateMap.buffers``)."""
-        device = self._ctx.config.device
-        return [self._rt.asdevicearray(device, b) for b in self.map.buffers(named)]
+        return self._to_device(self.map.buffers(named))
+
+    def _to_device(self, host: list) -> list:
+        device, out = self._ctx.config.device, []
+        host.reverse()
+        while host:
+            out.append(self._rt.asdevicearray(device, host.pop()))
+        return out
 
     def _input(self, name, value):
         shape, dtype = self._in[name]

@@ -44,6 +44,10 @@ class StateMap:
         """The checkpoint names the map places."""
         return list(self._at)
 
+    def buffer_of(self, name: str) -> int:
+        """The buffer holding the checkpoint array ``name``."""
+        return self._at[name][0]
+
     def named(self, buffers, names=None) -> dict:
         """{checkpoint name: numpy array} of host buffers (``names``: only those)."""
         flat = [np.asarray(b).reshape(-1) for b in buffers]

@@ -44,7 +44,20 @@ def learner_stats(named: dict, counters=COUNTERS, window: int = 1000) -> dict:
 
 def stats_snapshot(core) -> dict:
     """The stats of a ``core.RunnerCore`` (its metrics, bank, streams), as ``serve``'s engine
-    builds them."""
+    builds them.
+
+    >>> import tempfile
+    >>> from streamtrace.export.write import export_learner     # (where streamtrace is installed)
+    >>> from streamtrace_runner import wire
+    >>> from streamtrace_runner.runtime import Runner
+    >>> from streamtrace_runner.bank import RunnerBank
+    >>> from streamtrace_runner.core import Options, RunnerCore
+    >>> folder = tempfile.mkdtemp(); _ = export_learner(None, folder)
+    >>> core = RunnerCore(RunnerBank(Runner(folder), 2), Options(slots=2))
+    >>> _ = core.ingest(wire.data_message("s", 0, np.array([0.5])), b"me")
+    >>> snap = stats_snapshot(core); snap["steps"], snap["learner"]["step"], sorted(snap["stream_metrics"])
+    (1, 1, ['s'])
+    """
     m = core.bank.runner.manifest
     snap = core.metrics.snapshot(len(core.streams), len(core.free))
     names = ["stats.counters", *_ROLL, *(k for k, _ in _EVENTS)]

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import labels
-from .parking import ParkingLot
+from .parking import ParkingLot, expected_seq
 
 __all__ = ["Stream", "StreamTable", "Refused"]
 
@@ -49,16 +49,11 @@ class StreamTable:
         self.label_delay = label_delay
         self.streams: dict[str, Stream] = {}
         self.free = list(range(bank.n - 1, -1, -1))
-        self.unused = set(self.free)       # slots no stream has used: still the initial state
         self.parking = ParkingLot(park_s, max_parked)
 
     def expected(self, name: str, now: float):
         """The seq stream ``name`` expects next (None: unknown, or any)."""
-        st = self.streams.get(name)
-        if st is not None:
-            return st.next_seq
-        parked = self.parking.get(name, now) if self.parking.enabled else None
-        return None if parked is None else parked.next_seq
+        return expected_seq(self.streams, self.parking, name, now)
 
     def check(self, name: str, seq: int, now: float):
         """Refused (repeat, gap) for a seq the stream cannot take; nothing changes."""
@@ -94,15 +89,13 @@ class StreamTable:
         return st
 
     def take_slot(self, now: float, fresh: bool = True):
-        """A free slot (evicting idle streams if none), reset if ``fresh`` and used; or None."""
+        """A free slot (evicting idle streams if none; None if there is none), reset if ``fresh``
+        (the bank's reset costs nothing: the initial state is given when the slot is stepped)."""
         if not self.free:
             self.evict_idle(now)
-        if not self.free:
-            return None
-        slot = self.free.pop()
-        if fresh and slot not in self.unused:
+        slot = self.free.pop() if self.free else None
+        if slot is not None and fresh:
             self.bank.reset(slot)
-        self.unused.discard(slot)
         return slot
 
     def evict_idle(self, now: float):
@@ -133,4 +126,3 @@ class StreamTable:
                         for name, s in saved.items()}
         used = {st.slot for st in self.streams.values()}
         self.free = [i for i in range(self.bank.n - 1, -1, -1) if i not in used]
-        self.unused = set()
