@@ -56,6 +56,7 @@ def _peak_rss_mb(pid) -> float:
 
 
 def one(side, folder, work, steps, preexec=None, python=sys.executable) -> dict:
+    from streamtrace.transport import SensorClient  # noqa: F401 - imported before the clock starts
     from streamtrace.transport.timing import roundtrips
     sock = f"ipc://{work}/{side}"
     if side == "runner":

@@ -60,14 +60,20 @@ def stats_snapshot(core) -> dict:
     """
     m = core.bank.runner.manifest
     snap = core.metrics.snapshot(len(core.streams), len(core.free))
-    names = ["stats.counters", *_ROLL, *(k for k, _ in _EVENTS)]
-    named = core.bank.state_dict([n for n in names if n in core.bank.runner.map.names])
+    names = [n for n in ("stats.counters", *_ROLL, *(k for k, _ in _EVENTS)) if n in core.bank.runner.map.names]
+    # the slots stepped so far (a fresh slot's counters and metrics are zeros: it adds nothing,
+    # and reading it would make its initial state)
+    slots = [s for s in range(core.bank.n) if core.bank.slots[s] is not None]
+    per_slot = [core.bank.slot_state(s, names) for s in slots]
+    named = {k: np.concatenate([p[k] for p in per_slot]) for k in names} if slots else \
+        {"stats.counters": np.zeros((1, len(m.get("counters", COUNTERS))), np.int64)}
     learner = learner_stats(named, m.get("counters", COUNTERS), m["config"]["metrics"]["window"])
-    per = learner.pop("metrics", None)
+    per, row = learner.pop("metrics", None), {s: i for i, s in enumerate(slots)}
     snap["learner"] = learner
     snap["stream_metrics"] = {} if per is None else {
-        name: {k: (int(per[k][st.slot]) if k == "n" else float(per[k][st.slot])) for k in ("mse", "mae", "nrmse", "n")}
-        for name, st in core.streams.items()}
+        name: {k: (int(per[k][row[st.slot]]) if k == "n" else float(per[k][row[st.slot]]))
+               for k in ("mse", "mae", "nrmse", "n")}
+        for name, st in core.streams.items() if st.slot in row}
     for name, ev in snap["stream_events"].items():      # beside the metrics, as serve's dashboard reads them
         if name in snap["stream_metrics"]:
             snap["stream_metrics"][name].update(ev)
