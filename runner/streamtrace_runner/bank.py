@@ -97,7 +97,7 @@ class RunnerBank:
         state = self.slots[slot]
         if state is None:            # read, not kept: a fresh slot stays free of memory
             state = self._loaded if self._loaded is not None else self._fresh()
-        return self.runner.map.named([b.to_host() for b in state], names)
+        return self.runner.map.named(self.runner.host(state), names)
 
     def state_dict(self, names=None) -> dict:
         """{checkpoint name: array} with the n slots first; ``names``: only those."""

@@ -70,12 +70,11 @@ class Runner:
     """
 
     def __init__(self, folder, state=None, driver: str = "local-sync"):
-        import iree.runtime as rt
+        from .iree_calls import Device
         self.folder = Path(folder)
         self.manifest = m = read_manifest(self.folder)
         self.map = StateMap.load(self.folder, m["buffers"])
-        self._rt = rt
-        self._ctx = rt.SystemContext(config=rt.Config(driver))
+        self.device = Device(driver)
         self._programs = {}
         self._fn = self.program("step")
         self._in = {k: (tuple(shape), np.dtype(dt)) for k, (shape, dt) in m["inputs"].items()}
@@ -101,9 +100,8 @@ class Runner:
                 raise RunnerError(f"{self.folder}: no {name} program in this export")
             if name != "step":       # (the step's was checked with the manifest)
                 check_file(self.folder, self.manifest, f"{name}.vmfb")
-            module = self._rt.VmModule.mmap(self._ctx.instance, str(self.folder / f"{name}.vmfb"))
-            self._ctx.add_vm_module(module)
-            fn = self._programs[name] = self._ctx.modules[module.name][self.manifest["function"]]
+            from .iree_calls import Program
+            fn = self._programs[name] = Program(self.device, self.folder / f"{name}.vmfb", self.manifest["function"])
         return fn
 
     def load(self, path):
@@ -137,11 +135,15 @@ class Runner:
         return self._to_device(self.map.buffers(named))
 
     def _to_device(self, host: list) -> list:
-        device, out = self._ctx.config.device, []
+        out = []
         host.reverse()
         while host:
-            out.append(self._rt.asdevicearray(device, host.pop()))
+            out.append(self.device.buffer(host.pop()))
         return out
+
+    def host(self, buffers) -> list:
+        """Numpy copies of device buffers."""
+        return [self.device.host(b) for b in buffers]
 
     def _input(self, name, value):
         shape, dtype = self._in[name]
@@ -159,7 +161,7 @@ class Runner:
         *out, vec = self._fn(*self._buffers, self._input("x", x), y, active, learn)
         self._kept(out)
         self.steps += 1
-        return self.decode(vec.to_host())
+        return self.decode(self.device.host(vec))
 
     def _kept(self, out):
         # the frozen weights' buffers (from ``fixed_from`` on) never change: kept as they came in
@@ -169,12 +171,13 @@ class Runner:
 
     def predict(self, x, y=None, active=None, learn=None):
         """The step's (prediction, loss, applied (False)) without the step: the prediction twin
-        (``Programs.predict``), the state untouched, the same bits as ``step``'s prediction."""
+        (``Programs.predict``), the state untouched; ``step``'s prediction within float rounding
+        (a module compiled apart)."""
         y = self._no_target if y is None else self._input("y", y)
         active = self._ones if active is None else self._input("active", active)
         learn = self._ones if learn is None else self._input("learn", learn)
-        vec = self.program("predict")(*self._buffers, self._input("x", x), y, active, learn)
-        return self.decode(vec.to_host(), events=False)
+        [vec] = self.program("predict")(*self._buffers, self._input("x", x), y, active, learn)
+        return self.decode(self.device.host(vec), events=False)
 
     def label(self, y, age: int, slot: int = 0):
         """Apply the label ``y`` of the step ``age`` steps before ``slot``'s latest (learning.
@@ -183,7 +186,8 @@ class Runner:
         out = self.program("label")(*self._buffers, np.int32(slot), np.int32(age), self._input("label", y))
         *state, status, loss, applied = out
         self._kept(state)
-        return int(status.to_host()), float(loss.to_host()), bool(applied.to_host())
+        status, loss, applied = self.host([status, loss, applied])
+        return int(status), float(loss), bool(applied)
 
     def reset(self, slot: int):
         """``slot``'s state back to the initial one (an export of several slots; ``Programs.reset``)."""
@@ -204,7 +208,7 @@ class Runner:
 
     def state_dict(self) -> dict:
         """The state as the learner's ``state_dict()``: {name: numpy array}."""
-        return self.map.named([b.to_host() for b in self._buffers])
+        return self.map.named(self.host(self._buffers))
 
     def save(self, path, extra: dict | None = None):
         """Write the state as a checkpoint (``OnlineLearner.restore`` reads it)."""
