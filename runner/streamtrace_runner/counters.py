@@ -18,8 +18,8 @@ MAX_TOPICS = 1024     # per-topic drop counts kept by name (streams come and go)
 
 def percentile(ordered: np.ndarray, q: float) -> float:
     """The ``q``-th percentile of the sorted values ``ordered``, interpolated linearly between
-    the two nearest ranks (``np.percentile``'s default, which would import ``numpy.ma``: 2 MB
-    of the runner's memory).
+    the two nearest ranks (``np.percentile``'s default, which would import ``numpy.ma`` into
+    the runner's memory).
 
     >>> v = np.sort(np.random.default_rng(0).normal(size=101))
     >>> [bool(abs(percentile(v, q) - np.percentile(v, q)) < 1e-12) for q in (0, 50, 90, 99, 100)]

@@ -1,6 +1,6 @@
 """sha256 without OpenSSL where the interpreter has its own: ``hashlib`` loads OpenSSL's
-libcrypto, 3.6 MB of resident memory in the runner's process (measured: docs/devices.md) for
-the two or three megabytes it hashes when it starts; CPython's built-in sha256 gives the same
+libcrypto, megabytes of resident memory in the runner's process (measured: docs/devices.md)
+for the few megabytes it hashes when it starts; CPython's built-in sha256 gives the same
 digests. Files are hashed in pieces (no copy of the whole file)."""
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Calls into IREE's runtime through its C binding alone (``iree._runtime.libs._runtime``), not
-its Python layer (``iree.runtime``), which imports ml_dtypes and its array classes: 5 MB of the
-runner's resident memory and 10-15 ms of its start (measured: docs/devices.md). What the runner
-needs is small: one device, a module per program in a VM context of its own (sharing the
+its Python layer (``iree.runtime``), which imports ml_dtypes and its array classes: a good
+share of the runner's resident memory and of its start (measured: docs/devices.md). What the
+runner needs is small: one device, a module per program in a VM context of its own (sharing the
 device, so state buffers pass between programs), numpy arrays copied to device buffers, a
 program's results as device buffers, and a buffer's values back as numpy."""
 from __future__ import annotations

@@ -7,8 +7,8 @@ for every checkpoint array, the flat positions of its values in one buffer, enco
 by running the learner's own buffers -> checkpoint code on buffers of positions (write.py), so
 both directions are exact copies, and it is stored as a plain ``.npz`` (no pickle). An array
 whose values lie in order in one run of a buffer (most of them) is kept and stored as that run
-(``[buffer, start, *shape]`` under ``"@" + name``), not as its positions: a megabyte less in the
-default learner's folder and in the runner's memory.
+(``[buffer, start, *shape]`` under ``"@" + name``), not as its positions: smaller in the
+folder and in the runner's memory.
 """
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """The arrays a ``weights`` message carries (``serve``'s: the learner's ``params`` and
 ``predictor_state``, slots first) and what the last publish held, kept as a digest per array
 (crc32 of its bytes with its shape and dtype), not as the arrays: a bank of 16 default learners
-publishes 5 MB of arrays, which a copy kept for the next comparison would hold for good. The
+publishes megabytes of arrays, which a copy kept for the next comparison would hold for good
+(docs/devices.md). The
 fixed weights (a reservoir's: in the buffers from the manifest's ``fixed_from`` on) never
 change: an update, which carries only what changed, does not read them after the first."""
 from __future__ import annotations
