@@ -219,6 +219,7 @@ def test_the_runner_docstring_examples_run():
     import streamtrace_runner.core
     import streamtrace_runner.counters
     import streamtrace_runner.digest
+    import streamtrace_runner.iree_calls
     import streamtrace_runner.labels
     import streamtrace_runner.parking
     import streamtrace_runner.rolling
@@ -229,7 +230,7 @@ def test_the_runner_docstring_examples_run():
     for module in (streamtrace_runner.state_map, streamtrace_runner.runtime, streamtrace_runner.bank,
                    streamtrace_runner.core, streamtrace_runner.server, streamtrace_runner.labels,
                    streamtrace_runner.rolling, streamtrace_runner.streams, streamtrace_runner.digest,
-                   streamtrace_runner.parking, streamtrace_runner.counters):
+                   streamtrace_runner.parking, streamtrace_runner.counters, streamtrace_runner.iree_calls):
         result = doctest.testmod(module)
         assert result.attempted > 0 and result.failed == 0, module.__name__
 
