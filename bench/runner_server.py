@@ -2,9 +2,10 @@
 one run, the default learner, one stream, the same client (``launch.roundtrips``: SensorClient):
 
     python bench/runner_server.py [--steps 2000] [--rounds 3] [--cgroup-mb 48] [--md FILE]
+                                  [--runner-python DEVICE_VENV/bin/python]
 
 Per round and side, a fresh process: start to first answer (Popen to the first reply a client
-polling the ROUTER gets), ``steps`` timed round trips after 200 untimed (median, p99), the peak
+gets, connecting once the ROUTER's ipc socket exists), ``steps`` timed round trips after 200 untimed (median, p99), the peak
 RSS (VmHWM). Then the runner alone inside a cgroup-v1 memory cgroup of ``--cgroup-mb`` (the
 process and its children; swap off through memory.memsw where the kernel has it): steps
 answered and the cgroup's OOM kills. Ratios: median over rounds of runner / serve.
@@ -31,6 +32,11 @@ CG = Path("/sys/fs/cgroup/memory")
 
 def _first_answer(proc, endpoint, t0) -> float:
     from streamtrace.transport import SensorClient
+    path = Path(endpoint[len("ipc://"):])
+    while not path.exists():      # bound: connecting earlier waits out ZeroMQ's 100 ms reconnect interval
+        if proc.poll() is not None:
+            raise RuntimeError(f"exited with {proc.returncode}")
+        time.sleep(0.001)
     with SensorClient(endpoint, stream="first", timeout_s=0.05) as c:
         while True:
             try:
@@ -49,11 +55,12 @@ def _peak_rss_mb(pid) -> float:
     return float("nan")
 
 
-def one(side, folder, work, steps, preexec=None) -> dict:
+def one(side, folder, work, steps, preexec=None, python=sys.executable) -> dict:
+    from streamtrace.transport import SensorClient  # noqa: F401 - imported before the clock starts
     from streamtrace.transport.timing import roundtrips
     sock = f"ipc://{work}/{side}"
     if side == "runner":
-        cmd = [sys.executable, "-m", "streamtrace_runner", "serve", str(folder), "--router", sock, "--pull", "", "--pub", ""]
+        cmd = [python, "-m", "streamtrace_runner", "serve", str(folder), "--router", sock, "--pull", "", "--pub", ""]
     else:
         cfg = Path(work) / "serve.toml"
         cfg.write_text(f'[sockets]\nrouter = "{sock}"\npull = ""\npub = ""\n')
@@ -70,7 +77,7 @@ def one(side, folder, work, steps, preexec=None) -> dict:
         proc.wait(60)
 
 
-def in_cgroup(folder, work, steps, mb) -> str:
+def in_cgroup(folder, work, steps, mb, python=sys.executable) -> str:
     if not (CG / "memory.limit_in_bytes").exists():
         return f"no cgroup-v1 memory controller at {CG}: not run"
     group = CG / f"streamtrace-runner-bench-{os.getpid()}"
@@ -80,7 +87,7 @@ def in_cgroup(folder, work, steps, mb) -> str:
         if (group / "memory.memsw.limit_in_bytes").exists():
             (group / "memory.memsw.limit_in_bytes").write_text(str(mb << 20))
         procs = str(group / "cgroup.procs")
-        got = one("runner", folder, work, steps, preexec=lambda: Path(procs).write_text(str(os.getpid())))
+        got = one("runner", folder, work, steps, preexec=lambda: Path(procs).write_text(str(os.getpid())), python=python)
         ooms = [line for line in (group / "memory.oom_control").read_text().splitlines() if line.startswith("oom_kill ")]
         peak = int((group / "memory.max_usage_in_bytes").read_text()) / 2**20
         return (f"{steps + 201} steps answered inside a {mb} MB memory cgroup (v1), cgroup peak {peak:.1f} MB, "
@@ -97,14 +104,18 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--cgroup-mb", type=int, default=48)
     ap.add_argument("--md", default=None)
+    ap.add_argument("--runner-python", default=sys.executable,
+                    help="the runner's interpreter: a device's venv (pip install ./runner), default this one")
     a = ap.parse_args()
-    from streamtrace.export.write import export_learner
     work = tempfile.mkdtemp(prefix="rs-", dir="/tmp")
-    export_learner(None, Path(work) / "default")
+    # exported by a child: this process stays small and without jax's threads, so starting
+    # each side (fork + exec) costs what it costs a user's shell
+    subprocess.run([sys.executable, "-m", "streamtrace", "export", "--out", str(Path(work) / "default")],
+                   check=True, stdout=subprocess.DEVNULL)
     rows = {"runner": [], "serve": []}
     for _ in range(a.rounds):
         for side in ("runner", "serve"):
-            rows[side].append(one(side, Path(work) / "default", work, a.steps))
+            rows[side].append(one(side, Path(work) / "default", work, a.steps, python=a.runner_python))
     med = lambda side, k: statistics.median(r[k] for r in rows[side])
     ratio = lambda k: statistics.median(r[k] / s[k] for r, s in zip(rows["runner"], rows["serve"]))
     lines = [f"runner server vs serve, default learner, one stream, {a.steps} round trips x {a.rounds} rounds, "
@@ -113,7 +124,8 @@ def main():
     for k, name in (("start_s", "start to first answer (s)"), ("rt_p50_us", "round trip p50 (us)"),
                     ("rt_p99_us", "round trip p99 (us)"), ("rss_mb", "peak RSS (MB)")):
         lines.append(f"| {name} | {med('runner', k):.3g} | {med('serve', k):.3g} | {ratio(k):.3f} |")
-    lines += ["", in_cgroup(Path(work) / "default", work, a.steps, a.cgroup_mb)]
+    lines += ["", f"runner interpreter: {a.runner_python}", in_cgroup(Path(work) / "default", work, a.steps,
+                                                                     a.cgroup_mb, a.runner_python)]
     text = "\n".join(lines)
     print(text)
     if a.md:

@@ -38,27 +38,66 @@ class RunnerBank:
             raise ValueError(f"a bank steps a one-slot export; this one has {runner.manifest['slots']} slots "
                              "(export with --slots 1)")
         self.runner, self.n = runner, n
-        self._initial = list(runner.buffers)
-        self.slots = [self._initial] * n     # the program never writes its inputs: shared until stepped
+        # a slot no stream has stepped holds None, the initial state given when first stepped:
+        # the first, the runner's own loaded state (a lone stream's runner holds one state, not
+        # two); later ones, one copy read from the folder again and shared (the programs never
+        # write their inputs)
+        self.slots = [None] * n
+        self._loaded = runner.buffers         # the initial state the runner loaded, not yet handed out
+        self._initial = None
         self._learn = np.zeros(1, bool)
+
+    def _fresh(self) -> list:
+        if self._initial is None:
+            self._initial = self.runner.initial_buffers()
+        return self._initial
+
+    def _state(self, slot: int) -> list:
+        """The slot's buffers, the initial state for a fresh slot."""
+        if self.slots[slot] is None:
+            if self._loaded is not None:
+                self.slots[slot], self._loaded = self._loaded, None
+            else:
+                self.slots[slot] = self._fresh()
+        return self.slots[slot]
 
     def step(self, slot: int, x, y, learn: bool):
         """One step of ``slot``: (prediction, loss, applied) of its one slot; its events
         (outlier, rolled_back) in ``runner.events``."""
         r = self.runner
-        r.buffers = self.slots[slot]
+        r.buffers = self._state(slot)
         self._learn[0] = learn
         out = r.step(np.asarray(x)[None], None if y is None else np.asarray(y)[None], learn=self._learn)
         self.slots[slot] = r.buffers
         return out
 
+    def predict(self, slot: int, x, y, learn: bool):
+        """``step``'s (prediction, loss, applied (False)) without the step: the export's
+        prediction twin on the slot's state, which stays as it is."""
+        r = self.runner
+        r.buffers = self._state(slot)
+        self._learn[0] = learn
+        return r.predict(np.asarray(x)[None], None if y is None else np.asarray(y)[None], learn=self._learn)
+
+    def label(self, slot: int, y, age: int) -> tuple:
+        """The label ``y`` of the slot's step ``age`` steps back (the export's label program):
+        (status, loss, applied); status 0 applied, else the state unchanged (labels.CODES)."""
+        r = self.runner
+        r.buffers = self._state(slot)
+        got = r.label(y, age, 0)
+        self.slots[slot] = r.buffers
+        return got
+
     def reset(self, slot: int):
-        """The slot's state back to the export's initial one."""
-        self.slots[slot] = self._initial
+        """The slot's state back to the export's initial one (made when next stepped)."""
+        self.slots[slot] = None
 
     def slot_state(self, slot: int, names=None) -> dict:
         """{checkpoint name: array} of one slot (a leading axis of 1); ``names``: only those."""
-        return self.runner.map.named([b.to_host() for b in self.slots[slot]], names)
+        state = self.slots[slot]
+        if state is None:            # read, not kept: a fresh slot stays free of memory
+            state = self._loaded if self._loaded is not None else self._fresh()
+        return self.runner.map.named(self.runner.host(state), names)
 
     def state_dict(self, names=None) -> dict:
         """{checkpoint name: array} with the n slots first; ``names``: only those."""

@@ -8,7 +8,6 @@ a crash mid-write never leaves a half-written checkpoint under the real name.
 """
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import logging
@@ -19,6 +18,8 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+
+from .digest import sha256
 
 __all__ = ["CheckpointError", "write_checkpoint", "read_checkpoint", "checkpoint_bytes", "loads_checkpoint",
            "CheckpointDir"]
@@ -37,13 +38,13 @@ class CheckpointError(RuntimeError):
 
 
 def _digest(arrays: dict) -> str:
-    h = hashlib.sha256()
+    h = sha256()
     for name in sorted(arrays):
         a = np.ascontiguousarray(arrays[name])
         h.update(name.encode())
         h.update(a.dtype.str.encode())
         h.update(repr(a.shape).encode())
-        h.update(a.tobytes())
+        h.update(a.reshape(-1).view(np.uint8))    # its bytes, not a copy (a.tobytes())
     return h.hexdigest()
 
 

@@ -21,7 +21,12 @@ def _parser():
     s.add_argument("--checkpoint-dir", default="", help="checkpoints here (serve's format); resumes from the newest")
     s.add_argument("--checkpoint-every", type=int, default=1000, help="steps between checkpoints (default 1000)")
     s.add_argument("--on-gap", choices=("reject", "accept"), default="reject")
-    s.add_argument("--idle-timeout-s", type=float, default=60.0)
+    s.add_argument("--weights-every", type=int, default=100,
+                   help="publish the weights that changed every N steps (0: never; as serve's publish.weights_every)")
+    s.add_argument("--idle-timeout-s", type=float, default=60.0, help="a stream silent this long leaves its slot")
+    s.add_argument("--park-s", type=float, default=3600.0,
+                   help="a stream that left is kept (parked) this long and resumes if it returns (0: off)")
+    s.add_argument("--max-parked", type=int, default=256, help="most parked streams, the oldest dropped first")
     s.add_argument("--curve-secret-key-file", default="", help="CURVE: this server's key (zmq certificate)")
     s.add_argument("--curve-authorized-dir", default="", help="CURVE: the client public keys admitted")
     s.add_argument("--allow-any-client", action="store_true", help="CURVE: admit any client key")
@@ -35,12 +40,17 @@ def serve(args) -> int:
     from .runtime import Runner, RunnerError
     from .server import RunnerServer, Sockets
     try:
-        if args.slots < 1 or args.checkpoint_every < 1:
-            raise ValueError("--slots and --checkpoint-every must be >= 1")
+        if args.slots < 1 or args.checkpoint_every < 1 or args.max_parked < 1:
+            raise ValueError("--slots, --checkpoint-every and --max-parked must be >= 1")
+        if args.weights_every < 0:
+            raise ValueError("--weights-every must be >= 0 (0: never)")
+        if not (args.park_s >= 0 and args.idle_timeout_s >= 0):
+            raise ValueError("--park-s and --idle-timeout-s must be >= 0 seconds")
         opt = Options(slots=args.slots, idle_timeout_s=args.idle_timeout_s, on_gap=args.on_gap,
+                      park_s=args.park_s, max_parked=args.max_parked,
                       checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
                       # without a PUB socket nothing is published: no weights or predictions made for it
-                      weights_every=100 if args.pub else 0, predictions=bool(args.pub))
+                      weights_every=args.weights_every if args.pub else 0, predictions=bool(args.pub))
         core = RunnerCore(RunnerBank(Runner(args.folder), args.slots), opt)
         resumed = core.resume()
         server = RunnerServer(core, Sockets(args.router, args.pull, args.pub, curve_secret_key_file=args.curve_secret_key_file,

@@ -4,20 +4,24 @@
 returning ``("reply", origin, bytes)`` for the sender (origin None: fire-and-forget) and
 ``("pub", topic, bytes)`` for subscribers, as ``serve`` does: a prediction, a weights snapshot,
 or an error with ``serve``'s code (wire.py's, and repeat, gap, no_slot, bad_type, internal).
-A refused message changes no state. Streams get a slot each (a model per stream, bank.py);
-a slot idle for longer than ``idle_timeout_s`` is freed for a new stream (reset on reuse).
+A refused message changes no state. Streams get a slot each (a model per stream, bank.py;
+streams.py: a slot idle for longer than ``idle_timeout_s`` is freed, its state parked for
+``park_s``); the counters and the ``stats`` message are ``serve``'s (counters.py, stats.py).
 """
 from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
 
-from . import wire
+from . import labels, wire
 from .checkpoints import CheckpointDir
+from .counters import EngineCounters
+from .stats import stats_snapshot
+from .streams import Refused, StreamTable
+from .weights import WeightArrays
 
 __all__ = ["RunnerCore", "Options"]
 
@@ -29,6 +33,8 @@ class Options:
     """The server's settings, named as ``serve``'s config keys (engine.*, checkpoint.*, publish.*)."""
     slots: int = 16
     idle_timeout_s: float = 60.0
+    park_s: float = 3600.0
+    max_parked: int = 256
     on_gap: str = "reject"
     max_message_bytes: int = 1 << 20
     checkpoint_dir: str = ""
@@ -37,14 +43,6 @@ class Options:
     weights_every: int = 100
     stats_every_s: float = 1.0
     predictions: bool = True
-
-
-@dataclass
-class Stream:
-    slot: int
-    next_seq: int | None = None
-    last_seen: float = 0.0
-    resync: bool = False               # restored from a checkpoint: may jump forward once
 
 
 class RunnerCore:
@@ -67,20 +65,27 @@ class RunnerCore:
         self.x_shape, self.x_dtype = tuple(m["inputs"]["x"][0][1:]), np.dtype(m["inputs"]["x"][1])
         self.y_shape, self.y_dtype = tuple(m["inputs"]["y"][0][1:]), np.dtype(m["inputs"]["y"][1])
         self.supervised = m["config"]["learning"]["mode"] == "supervised"
-        self.streams: dict[str, Stream] = {}
-        self.free = list(range(bank.n - 1, -1, -1))
-        self.unused = set(self.free)
-        self.counters, self.errors = Counter(), Counter()
+        self.label_delay = int(m.get("label_delay", 0))
+        self.metrics = EngineCounters()
+        self.table = StreamTable(bank, self.metrics, idle_timeout_s=options.idle_timeout_s, park_s=options.park_s,
+                                 max_parked=options.max_parked, label_delay=self.label_delay, on_gap=options.on_gap)
         self.steps = self.version = self._since_ckpt = self._since_publish = 0
-        self._published = None
+        self.weights = WeightArrays(bank)
         self._reply = wire.PredictionEncoder()
         self.ckpt = CheckpointDir(options.checkpoint_dir, options.checkpoint_keep) if options.checkpoint_dir else None
 
+    # the parts' state, under the names the server and the tests know
+    streams = property(lambda self: self.table.streams)
+    free = property(lambda self: self.table.free)
+    parking = property(lambda self: self.table.parking)
+    counters = property(lambda self: self.metrics.counters)
+    errors = property(lambda self: self.metrics.errors_by_code)
+
     def ingest(self, raw: bytes, origin=None) -> list:
         """One message in; what to send out. Any failure is a refusal (``internal``)."""
-        self.counters["received"] += 1
+        self.metrics.count("received")
         try:
-            return self._ingest(raw, origin)
+            return self._ingest(raw, origin, self.clock())
         except Exception as e:  # noqa: BLE001 - one message must never stop the server
             log.exception("internal error while handling one message (refused as 'internal')")
             return self._refuse(origin, "internal", f"the runner failed to handle this message "
@@ -92,10 +97,10 @@ class RunnerCore:
 
     def reject(self, origin, code: str, message: str) -> list:
         """A message refused before its payload could be read (its framing)."""
-        self.counters["received"] += 1
+        self.metrics.count("received")
         return self._refuse(origin, code, message, None, None)
 
-    def _ingest(self, raw, origin) -> list:
+    def _ingest(self, raw, origin, t_recv) -> list:
         msg = None
         try:
             msg = wire.decode(raw, self.opt.max_message_bytes)
@@ -104,12 +109,11 @@ class RunnerCore:
                 if origin is None:
                     raise wire.WireError("bad_type", "get_weights is answered over request/reply (the ROUTER "
                                          "socket) only; fire-and-forget (PULL) has no way to answer")
-                self.counters["answered"] += 1
-                return [("reply", origin, self.weights_message("snapshot"))]
+                reply = self.weights_message("snapshot")
+                self.metrics.count("answered")
+                return [("reply", origin, reply)]
             if kind == "label":
-                label = wire.decode_label(msg, self.y_shape, self.y_dtype)
-                return self._refuse(origin, "bad_type", "label messages need learning.label_delay >= 1 (this "
-                                    "runner takes targets with their data messages only)", label["stream"], label["seq"])
+                return self._label(wire.decode_label(msg, self.y_shape, self.y_dtype), origin)
             if kind != "data":
                 raise wire.WireError("bad_type", f"unknown message type {kind!r}; expected 'data', 'label' "
                                      "or 'get_weights'")
@@ -118,133 +122,144 @@ class RunnerCore:
             stream, seq, extra = None, None, {}
             if msg is not None and isinstance(msg.get("stream"), str) and type(msg.get("seq")) is int:
                 stream, seq = msg["stream"], msg["seq"]
-                known = self.streams.get(stream)
-                if known is not None and known.next_seq is not None:
-                    extra["expected"] = known.next_seq
+                expected = self.table.expected(stream, t_recv)
+                if expected is not None:
+                    extra["expected"] = expected
             return self._refuse(origin, e.code, str(e), stream, seq, **extra)
-        return self._accept(data, origin)
+        return self._accept(data, origin, t_recv)
 
     def _refuse(self, origin, code, message, stream, seq, **extra) -> list:
-        self.counters["errors"] += 1
-        self.errors[code] += 1
+        self.metrics.error(code)
         if code == "no_slot":
-            self.counters["dropped"] += 1
+            self.metrics.count("dropped")
         err = {"type": "error", "code": code, "message": message, **extra}
         if stream is not None:
             err["stream"], err["seq"] = stream, seq
         raw = wire.encode(err)
         return [("pub", b"error", raw)] + ([("reply", origin, raw)] if origin is not None else [])
 
-    def _accept(self, d, origin) -> list:
-        name, seq, now = d["stream"], d["seq"], self.clock()
-        st = self.streams.get(name)
-        expected = None if st is None else st.next_seq
-        if expected is not None and seq != expected:
-            if seq < expected:
-                return self._refuse(origin, "repeat", f"stream '{name}': seq {seq} was already received "
-                                    f"(expected {expected})", name, seq, expected=expected)
-            if not st.resync and self.opt.on_gap == "reject":
-                return self._refuse(origin, "gap", f"stream '{name}': seq {seq} skips ahead (expected "
-                                    f"{expected}); resend from {expected}", name, seq, expected=expected)
+    def _accept(self, d, origin, t_recv) -> list:
+        name, seq = d["stream"], d["seq"]
+        try:
+            self.table.check(name, seq, t_recv)
+        except Refused as e:
+            return self._refuse(origin, e.code, str(e), name, seq, **e.extra)
+        st = self.table.admit(name, seq, t_recv)
         if st is None:
-            slot = self._take_slot(now)
-            if slot is None:
-                return self._refuse(origin, "no_slot", f"all {self.bank.n} slots are busy; stream '{name}' was "
-                                    "not admitted (raise --slots or wait for idle streams)", name, seq)
-            st = self.streams[name] = Stream(slot)
-        if expected is not None and seq > expected:
-            self.counters["lost_on_resync"] += seq - expected
-        st.next_seq, st.resync, st.last_seen = seq + 1, False, now
-        self.counters["accepted"] += 1
-        return self._step(st, d, origin)
+            return self._refuse(origin, "no_slot", f"all {self.bank.n} slots are busy; stream '{name}' was "
+                                "not admitted (raise --slots or wait for idle streams)", name, seq)
+        self.metrics.count("accepted")
+        out = self._step(st, d, origin, t_recv)
+        if st.recent is not None:
+            st.recent.append(seq)
+            if d["y"] is not None and d["mode"] == "learn":      # its own label, applied at once
+                out += self._apply_label(st, name, 0, d["y"], origin, seq, ack=False)
+        return out
 
-    def _step(self, st, d, origin) -> list:
+    # ---- delayed labels (learning.label_delay) ----------------------------------------
+    def _label(self, lab, origin) -> list:
+        """A ``label`` message, as ``serve`` answers it: a ``label_ack`` or unknown_label,
+        label_too_late, already_labelled (nothing changes)."""
+        name, seq = lab["stream"], lab["seq"]
+        if not self.label_delay:
+            return self._refuse(origin, "bad_type", "label messages need learning.label_delay >= 1 (this "
+                                "runner takes targets with their data messages only)", name, seq)
+        st = self.streams.get(name)
+        if st is None:
+            return self._refuse(origin, "unknown_label", f"stream '{name}' holds no slot (unknown, idle or "
+                                "parked): its labels cannot be applied", name, seq)
+        age, refused = labels.age_of(st.recent, seq, name)
+        if refused:
+            return self._refuse(origin, *refused, name, seq)
+        return self._apply_label(st, name, age, lab["y"], origin, seq, ack=True)
+
+    def _apply_label(self, st, name, age, y, origin, seq, ack: bool) -> list:
+        status, loss, applied = self.bank.label(st.slot, y, age)
+        if status:
+            if not ack:      # the data message was answered; its y could not be learned from
+                self.metrics.count("labels_refused")
+                return []
+            return self._refuse(origin, *labels.refusal(status, name, seq, age), name, seq)
+        self.metrics.count("labels")
+        self.metrics.count("updates", int(applied))
+        self.metrics.loss(name, loss)
+        if not ack:
+            return []
+        self.metrics.count("answered")
+        if origin is None:
+            return []
+        return [("reply", origin, wire.encode({"type": "label_ack", "stream": name, "seq": seq,
+                                               "loss": loss, "applied": applied}))]
+
+    def _step(self, st, d, origin, t_recv) -> list:
         if self.ckpt and self._since_ckpt >= self.opt.checkpoint_every:
             self.save_checkpoint()
-        learns = d["mode"] == "learn" and (not self.supervised or d["y"] is not None)
+        learns = d["mode"] == "learn" and (not self.supervised or d["y"] is not None or st.recent is not None)
         y = d["y"] if self.supervised else None
         prediction, loss, applied = self.bank.step(st.slot, d["x"], y, learns)
         self.steps += 1
         self._since_ckpt += 1
         self._since_publish += 1
-        self.counters["steps"] += 1
-        self.counters["updates"] += int(np.any(applied))
-        self.counters["answered"] += 1
+        m, name = self.metrics, d["stream"]
+        m.count("steps")
+        m.count("updates", int(np.any(applied)))
         events = {k: True for k, v in self.bank.runner.events.items() if v[0]} or None
+        if events:
+            m.events(name, events)
         loss = float(loss[0])
-        args = (d["stream"], d["seq"], prediction[0], None if loss != loss else loss, self.steps, self.version, d["ts"])
+        m.loss(name, loss)
+        args = (name, d["seq"], prediction[0], None if loss != loss else loss, self.steps, self.version, d["ts"])
         out = []
         if self.opt.predictions:
             signal = d["x"] if d["y"] is None else d["y"]
-            out.append(("pub", b"pred/" + d["stream"].encode(), self._reply(*args, signal, events=events)))
+            out.append(("pub", b"pred/" + name.encode(), self._reply(*args, signal, events=events)))
         if origin is not None:
             out.append(("reply", origin, self._reply(*args, events=events)))
+        m.latency(self.clock() - t_recv)
+        m.count("answered")
         if self.opt.weights_every and self._since_publish >= self.opt.weights_every:
             out.append(("pub", b"weights", self.weights_message("update")))
         return out
 
-    def _take_slot(self, now):
-        if not self.free:
-            self.evict_idle(now)
-        if not self.free:
-            return None
-        slot = self.free.pop()
-        if slot not in self.unused:
-            self.bank.reset(slot)
-        self.unused.discard(slot)
-        return slot
-
     def evict_idle(self, now: float | None = None):
-        """Free the slots of streams idle for longer than ``idle_timeout_s``."""
-        now = self.clock() if now is None else now
-        for name, st in list(self.streams.items()):
-            if now - st.last_seen > self.opt.idle_timeout_s:
-                del self.streams[name]
-                self.free.append(st.slot)
+        """Free the slots of streams idle for longer than ``idle_timeout_s``, parking their state."""
+        self.table.evict_idle(self.clock() if now is None else now)
 
     # ---- weights, stats ------------------------------------------------------------------
-    def _weight_arrays(self) -> dict:
-        """{"params.<name>" | "state.<name>": array, slots first}: the manifest's ``weights`` map
-        (the learner's ``params`` and ``predictor_state`` names -> checkpoint names)."""
-        where = self.bank.runner.manifest.get("weights", {"params": {}, "state": {}})
-        state = self.bank.state_dict({*where["params"].values(), *where["state"].values()})
-        return {**{f"params.{n}": state[k] for n, k in where["params"].items()},
-                **{f"state.{n}": state[k] for n, k in where["state"].items()}}
-
     def weights_message(self, kind: str) -> bytes:
         """As ``serve``: 'snapshot' (everything that predicts, a new version if it moved since the
-        last publish) or 'update' (a new version, the arrays that changed)."""
-        arrays, prev, base = self._weight_arrays(), self._published, None
-        moved = prev is None or any(not np.array_equal(prev.get(n), v) for n, v in arrays.items())
-        if kind == "update" or moved:
+        last publish) or 'update' (a new version, the arrays that changed; weights.py)."""
+        w = self.weights
+        arrays = w.arrays(skip_fixed=kind == "update" and w.published is not None)
+        changed, base = w.changed(arrays), None
+        if kind == "update" or changed:
             base = self.version if kind == "update" else None
             self.version += 1
-            self._published, self._since_publish = arrays, 0
+            w.remember(arrays)
+            self._since_publish = 0
         if kind == "update":
-            self.counters["weights_published"] += 1
-            arrays = {n: v for n, v in arrays.items() if prev is None or not np.array_equal(prev.get(n), v)}
+            self.metrics.count("weights_published")
+            arrays = {n: arrays[n] for n in changed}
         part = lambda prefix: {n[len(prefix):]: wire.pack_array(v) for n, v in arrays.items() if n.startswith(prefix)}
         return wire.encode({"type": "weights", "kind": kind, "version": self.version, "base": base,
                             "params": part("params."), "state": part("state."),
                             "streams": {name: st.slot for name, st in self.streams.items()}})
 
     def stats_message(self) -> bytes:
-        """The counters ``serve``'s stats carry that the runner keeps (received, accepted, answered,
-        errors, errors_by_code, steps, updates, ...), streams, slots_free, version."""
-        return wire.encode({"type": "stats", **self.counters, "errors_by_code": dict(self.errors),
-                            "streams": len(self.streams), "slots_free": len(self.free),
-                            "version": self.version, "pending": 0, "runner": True})
+        """``serve``'s stats (stats.py): its counters, latency percentiles, per-stream loss,
+        events and rolling metrics, the learner's counters, streams, slots_free, parked_streams,
+        version; and ``runner: true``."""
+        return wire.encode({"type": "stats", **stats_snapshot(self), "runner": True})
 
     # ---- durability ----------------------------------------------------------------------
     def save_checkpoint(self):
         """The bank's state in ``serve``'s checkpoint format and folder layout (``ckpt-<step>.npz``)."""
         if not self.ckpt:
             return None
-        extra = {"steps": self.steps, "version": self.version,
-                 "streams": {n: {"slot": s.slot, "next_seq": s.next_seq} for n, s in self.streams.items()}}
+        extra = {"steps": self.steps, "version": self.version, "streams": self.table.positions()}
         path = self.ckpt.save(self.steps, self.bank.state_dict(), self.bank.signature(), extra)
         self._since_ckpt = 0
-        self.counters["checkpoints"] += 1
+        self.metrics.count("checkpoints")
         return path
 
     def resume(self) -> dict | None:
@@ -258,9 +273,6 @@ class RunnerCore:
         self.bank.load_state_dict(arrays)
         extra = header.get("extra", {})
         self.steps, self.version = int(extra.get("steps", 0)), int(extra.get("version", 0))
-        self.streams = {name: Stream(int(s["slot"]), s["next_seq"], self.clock(), resync=True)
-                        for name, s in extra.get("streams", {}).items()}
-        used = {st.slot for st in self.streams.values()}
-        self.free = [i for i in range(self.bank.n - 1, -1, -1) if i not in used]
-        self.unused = set()
+        self.table.restore(extra.get("streams", {}), self.clock())
+        self.weights.published = None
         return {"path": str(path), **header}

@@ -7,19 +7,21 @@ module imports numpy, ``iree.runtime`` and the checkpoint format, never jax.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
 import numpy as np
 
 from .checkpoints import read_checkpoint, write_checkpoint
+from .digest import file_sha256
 from .state_map import StateMap
 
 __all__ = ["Runner", "RunnerError"]
 
 FORMAT = "streamtrace-export"
 FILES = ("step.vmfb", "state.npz", StateMap.FILE)     # an export folder's files, by the manifest's sha256
+# with, where exported: predict.vmfb, label.vmfb (learning.label_delay), reset.vmfb (several slots)
+LABEL_CODES = {1: "unknown_label", 2: "label_too_late", 3: "already_labelled", 4: "not_finite"}
 
 
 class RunnerError(RuntimeError):
@@ -27,7 +29,9 @@ class RunnerError(RuntimeError):
 
 
 def read_manifest(folder: Path) -> dict:
-    """The folder's manifest, its files checked against their sha256."""
+    """The folder's manifest, its state map and step module checked against their sha256 (the
+    other modules when first loaded: ``check_file``; the initial state by its own digest, as
+    a checkpoint, when read)."""
     try:
         manifest = json.loads((folder / "manifest.json").read_text())
     except (OSError, ValueError) as e:
@@ -36,13 +40,19 @@ def read_manifest(folder: Path) -> dict:
         raise RunnerError(f"{folder}: unsupported export format {manifest.get('format')!r} "
                           f"version {manifest.get('version')!r}")
     for name in FILES:
-        try:
-            digest = hashlib.sha256((folder / name).read_bytes()).hexdigest()
-        except OSError as e:
-            raise RunnerError(f"{folder}: {name} unreadable ({e.strerror})") from None
-        if digest != manifest["sha256"].get(name):
-            raise RunnerError(f"{folder}: {name} does not match the manifest's sha256 (damaged or replaced)")
+        if name != "state.npz" or "state_sha256" not in manifest:
+            check_file(folder, manifest, name)
     return manifest
+
+
+def check_file(folder: Path, manifest: dict, name: str):
+    """``RunnerError`` unless the folder's file ``name`` has the manifest's sha256."""
+    try:
+        digest = file_sha256(folder / name)
+    except OSError as e:
+        raise RunnerError(f"{folder}: {name} unreadable ({e.strerror})") from None
+    if digest != manifest["sha256"].get(name):
+        raise RunnerError(f"{folder}: {name} does not match the manifest's sha256 (damaged or replaced)")
 
 
 class Runner:
@@ -60,16 +70,16 @@ class Runner:
     """
 
     def __init__(self, folder, state=None, driver: str = "local-sync"):
-        import iree.runtime as rt
+        from .iree_calls import Device
         self.folder = Path(folder)
         self.manifest = m = read_manifest(self.folder)
         self.map = StateMap.load(self.folder, m["buffers"])
-        self._rt = rt
-        self._ctx = rt.SystemContext(config=rt.Config(driver))
-        module = rt.VmModule.mmap(self._ctx.instance, str(self.folder / "step.vmfb"))
-        self._ctx.add_vm_module(module)
-        self._fn = self._ctx.modules[module.name][m["function"]]
+        self.device = Device(driver)
+        self._programs = {}
+        self._fn = self.program("step")
         self._in = {k: (tuple(shape), np.dtype(dt)) for k, (shape, dt) in m["inputs"].items()}
+        if "label" in m.get("programs", {}):
+            self._in["label"] = tuple(m["programs"]["label"]["inputs"][2][0]), np.dtype(m["programs"]["label"]["inputs"][2][1])
         self._ones = np.ones(*self._in["active"])
         self._fixed = m.get("fixed_from", len(m["buffers"]))
         self._no_target = np.zeros(*self._in["y"])
@@ -80,12 +90,36 @@ class Runner:
         self.steps = 0
         self.load(self.folder / "state.npz" if state is None else state)
 
+    def program(self, name: str):
+        """The exported program ``name`` (step, predict, label, reset), its module loaded on
+        first use (a program the server never runs costs no memory); ``RunnerError`` if the
+        folder has none of that name."""
+        fn = self._programs.get(name)
+        if fn is None:
+            if name != "step" and name not in self.manifest.get("programs", {}):
+                raise RunnerError(f"{self.folder}: no {name} program in this export")
+            if name != "step":       # (the step's was checked with the manifest)
+                check_file(self.folder, self.manifest, f"{name}.vmfb")
+            from .iree_calls import Program
+            fn = self._programs[name] = Program(self.device, self.folder / f"{name}.vmfb", self.manifest["function"])
+        return fn
+
     def load(self, path):
         """Continue from the checkpoint ``path`` (refused, ``CheckpointError``, if it is of
         another learner or damaged); its ``extra["step"]`` becomes ``steps``."""
         arrays, header = read_checkpoint(path, expect_signature=self.manifest["signature"])
-        self._buffers = self.device_buffers(arrays)
+        initial = Path(path) == self.folder / "state.npz"
+        if initial and "state_sha256" in self.manifest and header.get("sha256") != self.manifest["state_sha256"]:
+            raise RunnerError(f"{self.folder}: state.npz does not match the manifest's sha256 (damaged or replaced)")
+        host = self.map.buffers(arrays)
+        del arrays           # (the host copies go one by one as they reach the device: a lower peak)
+        self._buffers = self._to_device(host)
         self.steps = int(header.get("extra", {}).get("step", 0))
+
+    def initial_buffers(self) -> list:
+        """Device buffers of the folder's initial state (``state.npz``, read again)."""
+        arrays, _ = read_checkpoint(self.folder / "state.npz", expect_signature=self.manifest["signature"])
+        return self._to_device(self.map.buffers(arrays))
 
     @property
     def buffers(self) -> list:
@@ -98,8 +132,18 @@ class Runner:
 
     def device_buffers(self, named: dict) -> list:
         """Device buffers holding the checkpoint arrays ``named`` (``StateMap.buffers``)."""
-        device = self._ctx.config.device
-        return [self._rt.asdevicearray(device, b) for b in self.map.buffers(named)]
+        return self._to_device(self.map.buffers(named))
+
+    def _to_device(self, host: list) -> list:
+        out = []
+        host.reverse()
+        while host:
+            out.append(self.device.buffer(host.pop()))
+        return out
+
+    def host(self, buffers) -> list:
+        """Numpy copies of device buffers."""
+        return [self.device.host(b) for b in buffers]
 
     def _input(self, name, value):
         shape, dtype = self._in[name]
@@ -115,14 +159,41 @@ class Runner:
         active = self._ones if active is None else self._input("active", active)
         learn = self._ones if learn is None else self._input("learn", learn)
         *out, vec = self._fn(*self._buffers, self._input("x", x), y, active, learn)
+        self._kept(out)
+        self.steps += 1
+        return self.decode(self.device.host(vec))
+
+    def _kept(self, out):
         # the frozen weights' buffers (from ``fixed_from`` on) never change: kept as they came in
         # (the program hands them back with some zeros' signs flipped, which a bank, serve's or
         # bank.py's, would take for different weights)
         self._buffers = out[:self._fixed] + self._buffers[self._fixed:]
-        self.steps += 1
-        return self.decode(vec.to_host())
 
-    def decode(self, vec):
+    def predict(self, x, y=None, active=None, learn=None):
+        """The step's (prediction, loss, applied (False)) without the step: the prediction twin
+        (``Programs.predict``), the state untouched; ``step``'s prediction within float rounding
+        (a module compiled apart)."""
+        y = self._no_target if y is None else self._input("y", y)
+        active = self._ones if active is None else self._input("active", active)
+        learn = self._ones if learn is None else self._input("learn", learn)
+        [vec] = self.program("predict")(*self._buffers, self._input("x", x), y, active, learn)
+        return self.decode(self.device.host(vec), events=False)
+
+    def label(self, y, age: int, slot: int = 0):
+        """Apply the label ``y`` of the step ``age`` steps before ``slot``'s latest (learning.
+        label_delay; ``Programs.label``): (status, loss, applied); status 0: applied, else a code
+        of ``LABEL_CODES`` and the state unchanged."""
+        out = self.program("label")(*self._buffers, np.int32(slot), np.int32(age), self._input("label", y))
+        *state, status, loss, applied = out
+        self._kept(state)
+        status, loss, applied = self.host([status, loss, applied])
+        return int(status), float(loss), bool(applied)
+
+    def reset(self, slot: int):
+        """``slot``'s state back to the initial one (an export of several slots; ``Programs.reset``)."""
+        self._kept(list(self.program("reset")(*self._buffers, np.int32(slot))))
+
+    def decode(self, vec, events: bool = True):
         """The step's output vector as (prediction, loss, applied) (``Programs._decode``); the
         per-slot events (outlier, rolled_back) go to ``self.events``."""
         n_pred, n = int(np.prod(self._pred_shape)), self._n
@@ -130,14 +201,14 @@ class Runner:
         applied = vec[n_pred + n:n_pred + n + (n if per_slot else 1)] > 0.5
         flags = vec[n_pred + n + (n if per_slot else 1):].reshape(-1, n) > 0.5
         names = {"screen": "outlier", "rollback": "rolled_back"}
-        for key, f in zip(self.manifest["outputs"].get("events", []), flags):
+        for key, f in zip(self.manifest["outputs"].get("events", []) if events else (), flags):
             self.events[names[key]] = f
         return (vec[:n_pred].reshape(self._pred_shape), vec[n_pred:n_pred + self._n],
                 applied if self.manifest["outputs"]["per_slot_applied"] else bool(applied[0]))
 
     def state_dict(self) -> dict:
         """The state as the learner's ``state_dict()``: {name: numpy array}."""
-        return self.map.named([b.to_host() for b in self._buffers])
+        return self.map.named(self.host(self._buffers))
 
     def save(self, path, extra: dict | None = None):
         """Write the state as a checkpoint (``OnlineLearner.restore`` reads it)."""

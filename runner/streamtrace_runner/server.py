@@ -10,7 +10,6 @@ import time
 from dataclasses import dataclass
 
 import zmq
-import zmq.auth
 
 from .core import RunnerCore
 from .receive import recv_message
@@ -70,12 +69,13 @@ class RunnerServer:
         s.setsockopt(zmq.RCVHWM, self.cfg.hwm)
         s.setsockopt(zmq.MAXMSGSIZE, 2 * self.core.opt.max_message_bytes + 65536)
         if self.cfg.curve_secret_key_file:
+            from zmq import auth          # (CURVE only: not imported otherwise)
             if self._auth is None:
                 from zmq.auth.thread import ThreadAuthenticator
                 self._auth = ThreadAuthenticator(self.ctx)
                 self._auth.start()
-                self._auth.configure_curve(domain="*", location=self.cfg.curve_authorized_dir or zmq.auth.CURVE_ALLOW_ANY)
-            s.curve_publickey, s.curve_secretkey = zmq.auth.load_certificate(self.cfg.curve_secret_key_file)
+                self._auth.configure_curve(domain="*", location=self.cfg.curve_authorized_dir or auth.CURVE_ALLOW_ANY)
+            s.curve_publickey, s.curve_secretkey = auth.load_certificate(self.cfg.curve_secret_key_file)
             s.curve_server = True
         try:
             s.bind(addr)
@@ -104,7 +104,10 @@ class RunnerServer:
                 elif pub is not None:
                     pub.send_multipart([dest, raw], flags=zmq.NOBLOCK)
             except (zmq.Again, zmq.ZMQError):
-                self.core.counters["reply_failures" if kind == "reply" else "pub_dropped"] += 1
+                if kind == "reply":
+                    self.core.metrics.count("reply_failures")
+                else:
+                    self.core.metrics.pub_drop(dest)
 
     def _read(self, sock, routed: bool):
         m = recv_message(sock, routed=routed, max_bytes=self.core.opt.max_message_bytes)

@@ -5,7 +5,10 @@ The program's state crosses as a few buffers: small leaves packed per dtype, big
 for every checkpoint array, the flat positions of its values in one buffer, encoded as
 ``buffer << SHIFT | position`` in an int64 array of the checkpoint array's shape; it is made
 by running the learner's own buffers -> checkpoint code on buffers of positions (write.py), so
-both directions are exact copies, and it is stored as a plain ``.npz`` (no pickle).
+both directions are exact copies, and it is stored as a plain ``.npz`` (no pickle). An array
+whose values lie in order in one run of a buffer (most of them) is kept and stored as that run
+(``[buffer, start, *shape]`` under ``"@" + name``), not as its positions: smaller in the
+folder and in the runner's memory.
 """
 from __future__ import annotations
 
@@ -33,48 +36,76 @@ class StateMap:
     FILE = "state_map.npz"
 
     def __init__(self, positions: dict, buffers: list):
-        self.positions = {k: np.asarray(v, np.int64) for k, v in positions.items()}
         self.shapes = [(tuple(int(d) for d in shape), np.dtype(dt)) for shape, dt in buffers]
+        self._at = {k: _compact(np.asarray(v, np.int64)) for k, v in positions.items()}
 
-    def _where(self, name):
-        pos = self.positions[name]
-        if pos.size == 0:
-            return 0, pos
-        return int(pos.flat[0] >> SHIFT), pos & ((1 << SHIFT) - 1)
+    @property
+    def names(self) -> list:
+        """The checkpoint names the map places."""
+        return list(self._at)
+
+    def buffer_of(self, name: str) -> int:
+        """The buffer holding the checkpoint array ``name``."""
+        return self._at[name][0]
 
     def named(self, buffers, names=None) -> dict:
         """{checkpoint name: numpy array} of host buffers (``names``: only those)."""
         flat = [np.asarray(b).reshape(-1) for b in buffers]
         out = {}
-        for name, pos in self.positions.items():
-            if names is not None and name not in names:
-                continue
-            b, at = self._where(name)
-            out[name] = flat[b][at].copy() if pos.size else np.zeros(pos.shape, flat[b].dtype)
+        for name, (b, at, shape) in self._at.items():
+            if names is None or name in names:
+                out[name] = flat[b][at].reshape(shape).copy()
         return out
 
     def buffers(self, named: dict) -> list:
         """Host buffers holding the checkpoint arrays ``named`` (every name of the map), zeros
         elsewhere (the packing's padding), each of its buffer's dtype."""
-        missing = sorted(set(self.positions) - set(named))
+        missing = sorted(set(self._at) - set(named))
         if missing:
             raise KeyError(f"state is missing {missing[:5]}")
         host = [np.zeros(shape, dt) for shape, dt in self.shapes]
         flat = [h.reshape(-1) for h in host]
-        for name, pos in self.positions.items():
+        for name, (b, at, shape) in self._at.items():
             value = np.asarray(named[name])
-            if value.shape != pos.shape:
-                raise ValueError(f"state '{name}' has shape {value.shape}, expected {pos.shape}")
-            b, at = self._where(name)
-            flat[b][at] = value
+            if value.shape != shape:
+                raise ValueError(f"state '{name}' has shape {value.shape}, expected {shape}")
+            flat[b][at] = value.reshape(-1) if isinstance(at, slice) else value
         return host
 
     def save(self, folder) -> Path:
         path = Path(folder) / self.FILE
-        np.savez(path, **self.positions)
+        stored = {}
+        for name, (b, at, shape) in self._at.items():
+            if isinstance(at, slice):
+                stored["@" + name] = np.array([b, at.start, *shape], np.int64)
+            else:
+                stored[name] = at + (b << SHIFT)
+        np.savez(path, **stored)
         return path
 
     @classmethod
     def load(cls, folder, buffers: list) -> "StateMap":
+        m = cls({}, buffers)
         with np.load(Path(folder) / cls.FILE, allow_pickle=False) as z:
-            return cls({k: z[k] for k in z.files}, buffers)
+            for key in z.files:
+                v = z[key]
+                if key.startswith("@"):
+                    b, start, *shape = (int(i) for i in v)
+                    m._at[key[1:]] = b, slice(start, start + int(np.prod(shape, dtype=np.int64))), tuple(shape)
+                else:
+                    m._at[key] = _compact(v)
+        return m
+
+
+def _compact(pos: np.ndarray) -> tuple:
+    """(buffer, index, shape) of an array of ``buffer << SHIFT | position``: a slice where the
+    positions are one run in order, else the positions themselves."""
+    if pos.size == 0:
+        return 0, slice(0, 0), pos.shape
+    b = int(pos.flat[0] >> SHIFT)
+    at = pos & ((1 << SHIFT) - 1)
+    start = int(at.flat[0])
+    flat = at.reshape(-1)
+    if flat[-1] - start == flat.size - 1 and np.array_equal(flat, np.arange(start, start + flat.size)):
+        return b, slice(start, start + flat.size), pos.shape
+    return b, at, pos.shape

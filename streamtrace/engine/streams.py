@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from .parking import ParkingLot
+from .parking import ParkingLot, expected_seq
 
 __all__ = ["Stream", "StreamTable", "Refused"]
 
@@ -75,11 +75,7 @@ class StreamTable:
 
     def expected(self, name: str, now: float):
         """The seq stream ``name`` expects next (None: unknown, or any)."""
-        known = self.streams.get(name)
-        if known is not None:
-            return known.next_seq
-        parked = self.parking.get(name, now) if self.parking.enabled else None
-        return None if parked is None else parked.next_seq
+        return expected_seq(self.streams, self.parking, name, now)
 
     def admit(self, name: str, seq: int, step, now: float) -> Stream:
         """The stream of a data message of ``name`` numbered ``seq``, its ``step`` (message,

@@ -34,6 +34,7 @@ def run_cli(args) -> int:
     except (ExportError, ValueError) as e:
         print("export error: " + " ".join(str(e).split()), file=sys.stderr)
         return 2
-    print(f"exported to {args.out} for {m['target']}: step program with {len(m['buffers'])} state buffers, "
-          f"float{m['precision']}, {m['slots']} slot(s); run it with streamtrace.export.runner.Runner")
+    print(f"exported to {args.out} for {m['target']}: {', '.join(m['programs'])} programs over "
+          f"{len(m['buffers'])} state buffers, float{m['precision']}, {m['slots']} slot(s); serve it with "
+          f"streamtrace-runner serve {args.out}")
     return 0

@@ -1,6 +1,8 @@
 """``streamtrace export``: a learner's folder for the jax-free runner (runner.py).
 
-The folder: ``step.vmfb`` (the IREE module of the one-slot step program, program.py),
+The folder: ``step.vmfb`` (the IREE module of the step program, program.py; beside it
+``predict.vmfb``, its prediction twin, ``label.vmfb`` with ``learning.label_delay``, and
+``reset.vmfb`` over several slots),
 ``state.npz`` (the initial state, in the checkpoint format the learner and ``serve`` write),
 ``state_map.npz`` (where each of its arrays lives in the program's buffers, state_map.py) and
 ``manifest.json`` (the program's inputs and outputs, the config's learner sections, the
@@ -17,9 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..checkpoints import write_checkpoint
+from ..checkpoints import read_checkpoint, write_checkpoint
+from ..learner.step import COUNTERS
 from .learner import learner_of, load_config
-from .program import ExportError, compile_program, step_program
+from .program import ExportError, compile_program, programs_of
 from streamtrace_runner.runtime import FILES, FORMAT
 from streamtrace_runner.state_map import SHIFT, StateMap
 from .targets import TARGETS
@@ -28,7 +31,7 @@ __all__ = ["export_learner", "FORMAT", "FILES"]
 
 # the config sections that describe the learner (the manifest keeps these; sockets, security
 # and bridge sections may name key files or hold passwords and are left out)
-LEARNER_SECTIONS = ("model", "reservoir", "transform", "readout", "learning", "learned", "combine", "metrics")
+LEARNER_SECTIONS = ("stream", "model", "reservoir", "transform", "readout", "learning", "learned", "combine", "screen", "metrics")
 _LIBRARIES = ("streamtrace", "jax", "jaxlib", "brainstate", "numpy", "iree-base-compiler")
 
 
@@ -66,14 +69,20 @@ def _weights(learner) -> dict:
     return {"params": params, "state": {n: n for n in learner.predictor_state() if n in names}}
 
 
-def _check_exportable(cfg):
-    if cfg.learning.label_delay:
-        raise ExportError("learning.label_delay: delayed labels are not exported (the label program is not "
-                          "part of the export yet); export without label_delay")
+def _sha256(folder: Path, modules: list) -> dict:
+    return {name: hashlib.sha256((folder / name).read_bytes()).hexdigest() for name in dict.fromkeys(FILES + tuple(modules))}
 
 
-def _sha256(folder: Path) -> dict:
-    return {name: hashlib.sha256((folder / name).read_bytes()).hexdigest() for name in FILES}
+def _arg(a) -> list:
+    return [list(a.shape), np.dtype(a.dtype).str]
+
+
+def _signature(program, n_buffers: int) -> dict:
+    """A program's inputs and outputs past the state buffers (step, predict and reset take the
+    buffers first; step, label and reset return them first)."""
+    returns = program.name != "predict"
+    return {"inputs": [_arg(a) for a in program.ins[n_buffers:]],
+            "outputs": [_arg(a) for a in program.outs[n_buffers if returns else 0:]]}
 
 
 def export_learner(config, out, target: str = "host", slots: int = 1) -> dict:
@@ -91,25 +100,28 @@ def export_learner(config, out, target: str = "host", slots: int = 1) -> dict:
     if slots < 1:
         raise ExportError(f"--slots {slots}: at least 1")
     cfg = load_config(config)
-    _check_exportable(cfg)
     learner = learner_of(cfg, slots)
-    text, ins, outs, tanh = step_program(learner)
-    vmfb = compile_program(text, target)
+    programs = programs_of(learner)
+    compiled = {p.name: compile_program(p.text, target, p.name) for p in programs}
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "step.vmfb").write_bytes(vmfb)
+    for name, vmfb in compiled.items():
+        (folder / f"{name}.vmfb").write_bytes(vmfb)
     write_checkpoint(folder / "state.npz", learner.state_dict(), learner.signature(), {"step": 0})
     buffers = [[list(a.shape), np.dtype(a.dtype).str] for a in learner.programs.avals]
     StateMap(state_positions(learner), buffers).save(folder)
-    arg = lambda a: [list(a.shape), np.dtype(a.dtype).str]
+    step = programs[0]
     manifest = {
         "format": FORMAT, "version": 1, "target": target, "triple": TARGETS[target][0],
-        "function": "main", "buffers": buffers, "inputs": {k: arg(a) for k, a in zip(
-            ("x", "y", "active", "learn"), ins[len(buffers):])},
-        "output": arg(outs[-1]), "outputs": _outputs(learner), "weights": _weights(learner),
-        "fixed_from": int(learner.layout.fixed_from), "slots": learner.n,
-        "precision": cfg.model.precision, "tanh64_rewritten": tanh, "signature": learner.signature(),
+        "function": "main", "buffers": buffers, "inputs": {k: _arg(a) for k, a in zip(
+            ("x", "y", "active", "learn"), step.ins[len(buffers):])},
+        "output": _arg(step.outs[-1]), "outputs": _outputs(learner), "weights": _weights(learner),
+        "programs": {p.name: _signature(p, len(buffers)) for p in programs},
+        "label_delay": int(learner.label_delay), "counters": list(COUNTERS), "fixed_from": int(learner.layout.fixed_from),
+        "slots": learner.n, "precision": cfg.model.precision, "tanh64_rewritten": sum(p.tanh for p in programs),
+        "signature": learner.signature(),
         "config": {k: dataclasses.asdict(getattr(cfg, k)) for k in LEARNER_SECTIONS},
-        "versions": _versions(), "sha256": _sha256(folder)}
+        "versions": _versions(), "sha256": _sha256(folder, [f"{n}.vmfb" for n in compiled]),
+        "state_sha256": read_checkpoint(folder / "state.npz")[1]["sha256"]}     # its arrays' digest
     (folder / "manifest.json").write_text(json.dumps(manifest, indent=1, default=str) + "\n")
     return manifest

@@ -114,11 +114,13 @@ def _one_slot(algo, params, h, tr, x, keep):
 
 
 def _put(ring, idx, value, use):
-    """ring (N, d, ...) with value (N, ...) at [n, idx[n]] where use[n]."""
-    def one(r, i, v, u):      # clamped indices: a ring of length 1 (``PairRing``) has its entry at 0
-        old = jax.lax.dynamic_index_in_dim(r, i, 0, keepdims=False)
-        return jax.lax.dynamic_update_index_in_dim(r, jnp.where(u, v, old), i, 0)
-    return jax.vmap(one)(ring, idx, value, use)
+    """ring (N, d, ...) with value (N, ...) at [n, idx[n]] where use[n]: one gather and one
+    scatter over (row, index) pairs (a scatter with batch dimensions, as ``vmap`` writes
+    it, is one IREE's compiler refuses: ``streamtrace export``)."""
+    rows = jnp.arange(ring.shape[0])
+    idx = jnp.clip(idx, 0, ring.shape[1] - 1)   # a ring of length 1 (``PairRing``) has its entry at 0
+    old = ring[rows, idx]
+    return ring.at[rows, idx].set(jnp.where(_lead(use, value), value, old))
 
 
 class LabelledSteps(StepFunctions):
@@ -231,13 +233,17 @@ def apply_label(fns, state, slot, age, y):
         grads = fns.to_block({k: jnp.tensordot(ct.astype(g.dtype), g, axes=1) for k, g in entry.items()})
         new, applied = fns._apply({**state, **m}, grads, jnp.bool_(True))
         stats = dict(new["stats"])
-        stats["preq_sum"] = stats["preq_sum"].at[slot].add(loss.astype(jnp.float32))
-        stats["preq_n"] = stats["preq_n"].at[slot].add(1)
+        # one-hot adds and selects, not scatters (``.at[slot]``): IREE's CPU backend refuses a
+        # scatter inside a conditional (``streamtrace export``); the same values
         n = stats["preq_sum"].shape[0]
+        mine = jnp.arange(n) == slot
+        stats["preq_sum"] = stats["preq_sum"] + jnp.where(mine, loss.astype(jnp.float32), 0)
+        stats["preq_n"] = stats["preq_n"] + mine.astype(stats["preq_n"].dtype)
         wide = lambda a: jnp.broadcast_to(a, (n,) + a.shape)
-        stats["roll"] = fns.rolling.update(stats["roll"], wide(pred), wide(y.astype(pred.dtype)), jnp.arange(n) == slot)
+        stats["roll"] = fns.rolling.update(stats["roll"], wide(pred), wide(y.astype(pred.dtype)), mine)
+        entry_at = mine[:, None] & (jnp.arange(m["flags"].shape[1]) == idx)[None, :]
         out = {**{k: new[k] for k in MOVING if k in m}, "stats": stats,
-               "flags": m["flags"].at[slot, idx].set(_LABELLED)}
+               "flags": jnp.where(entry_at, _LABELLED, m["flags"]).astype(m["flags"].dtype)}
         return out, loss.astype(pred.dtype), applied
 
     def refuse(m):

@@ -155,13 +155,7 @@ class Programs:
 
     def reset(self):
         """The compiled slot reset: (buffers, slot) -> buffers."""
-        init = self._init_buffers
-
-        def reset(buffers, i):
-            state = self.layout.unpack(buffers)
-            fresh = self.slot_part(self.layout.unpack(init))    # in the program: no eager ops
-            part = jax.tree_util.tree_map(lambda a, b: a.at[i].set(b[i]), self.slot_part(state), fresh)
-            return self.layout.pack(self._with_slot_part(state, part))
+        reset = self._fn_reset()
         return self._program("reset", lambda: jax.jit(reset).lower(self.avals, np.int32(0)).compile())
 
     def read_slot(self):
@@ -186,19 +180,7 @@ class Programs:
         fixed weights (a slot bank shares them between slots)."""
         def build():      # compiled once; the wrapper too (a label message calls it every time)
             f = self.layout.fixed_from
-
-            def run(buffers, i, age, y):
-                state = self.layout.unpack(buffers)
-                if not self.per_slot:
-                    state, status, loss, applied = apply_label(self.fns, state, i, age, y)
-                    return self.layout.pack(state), status, loss, applied
-                one = jax.tree_util.tree_map(lambda a: a[i], state)
-                one, status, loss, applied = apply_label(self.fns, one, 0, age, y)
-                # written back: what a label changes (not the slot's ring of gradients)
-                put = lambda a, b: jax.tree_util.tree_map(lambda a, b: a.at[i].set(b), a, b)
-                moved = {k: put(state[k], one[k]) for k in MOVING if k in state}
-                labels = {**state["labels"], "state": put(state["labels"]["state"], one["labels"]["state"])}
-                return self.layout.pack({**state, **moved, "labels": labels}), status, loss, applied
+            run = self._fn_label()
 
             def split(changing, fixed, i, age, y):      # fixed weights neither donated nor returned
                 buffers, *rest = run(changing + fixed, i, age, y)
@@ -213,6 +195,42 @@ class Programs:
             return call
         return self._program("label", build)
 
+    def _fn_label(self):
+        """The pure label program: (buffers, slot, age, y) -> (buffers, status, loss, applied)
+        (``label``; also what ``streamtrace export`` compiles)."""
+        def run(buffers, i, age, y):
+            state = self.layout.unpack(buffers)
+            if not self.per_slot:
+                state, status, loss, applied = apply_label(self.fns, state, i, age, y)
+                return self.layout.pack(state), status, loss, applied
+            one = jax.tree_util.tree_map(lambda a: a[i], state)
+            one, status, loss, applied = apply_label(self.fns, one, 0, age, y)
+            # written back: what a label changes (not the slot's ring of gradients)
+            # (an update of a slice, not a scatter, which IREE's CPU backend refuses here)
+            put = lambda a, b: jax.tree_util.tree_map(lambda a, b: jax.lax.dynamic_update_index_in_dim(a, b, i, 0), a, b)
+            moved = {k: put(state[k], one[k]) for k in MOVING if k in state}
+            labels = {**state["labels"], "state": put(state["labels"]["state"], one["labels"]["state"])}
+            return self.layout.pack({**state, **moved, "labels": labels}), status, loss, applied
+        return run
+
+    def _fn_predict(self):
+        """The pure prediction twin of one step: (buffers, x, y, active, learn) -> the step's
+        output vector, nothing written back (``predict(None)``; also what ``streamtrace export``
+        compiles)."""
+        return lambda b, x, y, a, l: self._steps(self.layout.unpack(b), None, x, y, a, l, update=False)[1]
+
+    def _fn_reset(self):
+        """The pure slot reset: (buffers, slot) -> buffers (``reset``; also exported)."""
+        init = self._init_buffers
+
+        def reset(buffers, i):
+            state = self.layout.unpack(buffers)
+            fresh = self.slot_part(self.layout.unpack(init))    # in the program: no eager ops
+            row = lambda a, b: jax.lax.dynamic_update_index_in_dim(a, jax.lax.dynamic_index_in_dim(b, i, 0), i, 0)
+            part = jax.tree_util.tree_map(row, self.slot_part(state), fresh)     # (not a scatter: IREE)
+            return self.layout.pack(self._with_slot_part(state, part))
+        return reset
+
     def predict(self, key=None):
         """The prediction-only twin of the program ``key`` (None: ``step()``, ("loop", k) or
         ("subset", m, k)), for calls of one step: the same inputs in the same packed buffer
@@ -224,8 +242,7 @@ class Programs:
         def build():
             twin = self._twin(key)
             if key is None:
-                fn = lambda b, x, y, a, l: self._steps(self.layout.unpack(b), None, x, y, a, l, update=False)[1]
-                m = self.n
+                fn, m = self._fn_predict(), self.n
             elif key[0] == "loop":
                 fn = lambda b, count, xs, ys, a, l: self._loop_steps(self.layout.unpack(b), count, xs, ys, a, l,
                                                                      update=False)[1]

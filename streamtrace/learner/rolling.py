@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 import numpy as np
+from streamtrace_runner.rolling import summary
 
 __all__ = ["RollingMetrics"]
 
@@ -41,15 +42,6 @@ class RollingMetrics:
         return out
 
     def summary(self, state: dict) -> dict:
-        """Host numpy state -> per-slot ``{"mse", "mae", "nrmse", "n"}`` (NaN before any score)."""
-        n = np.asarray(state["n"])
-        corr = 1.0 - (1.0 - 1.0 / self.window) ** n
-        with np.errstate(invalid="ignore", divide="ignore"):
-            m = {k: np.asarray(state[k]) / corr[:, None] for k in ("se", "ae", "y", "y2")}
-            var = np.maximum(m["y2"] - m["y"] ** 2, 0.0)
-            out = {"mse": m["se"].mean(1), "mae": m["ae"].mean(1),
-                   "nrmse": np.sqrt(m["se"].sum(1) / var.sum(1))}
-        for k in ("mse", "mae", "nrmse"):
-            out[k] = np.where(n > 0, out[k], np.nan)
-        out["n"] = n.astype(np.int64)
-        return out
+        """Host numpy state -> per-slot ``{"mse", "mae", "nrmse", "n"}`` (NaN before any score;
+        ``streamtrace_runner.rolling.summary``, which the jax-free runner uses too)."""
+        return summary(state, self.window)

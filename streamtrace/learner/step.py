@@ -308,8 +308,11 @@ class StepFunctions:
         return {**state, "readout": rs}
 
     def _count(self, counters, **inc):
+        # a one-hot add, not ``counters.at[i].add``: IREE's CPU backend refuses that scatter
+        # inside a conditional (the label program, ``streamtrace export``); the same integers
+        rows = jnp.arange(counters.shape[0]).reshape((-1,) + (1,) * (counters.ndim - 1))
         for name, v in inc.items():
-            counters = counters.at[_C[name]].add(jnp.asarray(v, jnp.int32))
+            counters = counters + jnp.where(rows == _C[name], jnp.asarray(v, jnp.int32), 0)
         return counters
 
     def _apply(self, state, grads, any_ok):

@@ -37,16 +37,17 @@ def folder(tmp_path_factory):
     return out
 
 
-def _engine(ckpt: Path | None = None):
-    over = {"engine": {"slots": SLOTS}, "publish": {"weights_every": 0}}
+def _engine(ckpt: Path | None = None, clock=None, **engine):
+    over = {"engine": {"slots": SLOTS, **engine}, "publish": {"weights_every": 0}}
     if ckpt is not None:
         over["checkpoint"] = {"dir": str(ckpt), "every": 10 ** 6}
-    return EngineCore(load_config(None, over))
+    return EngineCore(load_config(None, over), **({} if clock is None else {"clock": clock}))
 
 
-def _runner(folder, ckpt: Path | None = None):
+def _runner(folder, ckpt: Path | None = None, clock=None, **options):
     return RunnerCore(RunnerBank(Runner(folder), SLOTS),
-                      Options(slots=SLOTS, weights_every=0, checkpoint_dir=str(ckpt or "")))
+                      Options(slots=SLOTS, weights_every=0, checkpoint_dir=str(ckpt or ""), **options),
+                      **({} if clock is None else {"clock": clock}))
 
 
 def _series(n: int, start: int = 0):
@@ -124,6 +125,61 @@ def test_checkpoints_cross_over(folder, tmp_path, first):
     assert np.array_equal(_preds(answers(again, rest)), want)
 
 
+@pytest.mark.slow      # serve's engine of the default learner compiles (~4 s), then 470 steps
+def test_stats_carry_serves_keys_and_per_stream_metrics(folder):
+    """After the same messages, the runner's stats have serve's keys (but serve's call sizes)
+    and the same values: counters, the learner's counters, each stream's rolling metrics
+    (within AGREE: the two compilers' last bits), its loss and events."""
+    xs = _series(220)
+    msgs = _data("a", xs[:115]) + _data("b", xs[100:220]) + [wire.data_message("a", 115, np.array([1e6]))]
+    engine, runner = _engine(), _runner(folder)
+    answers(engine, msgs), answers(runner, msgs)
+    se, sr = wire.decode(engine.stats_message()), wire.decode(runner.stats_message())
+    assert set(sr) - {"runner"} == set(se) - {"batch_sizes", "subset_sizes"}
+    for k in ("received", "accepted", "answered", "errors", "steps", "updates", "outliers", "streams", "slots_free"):
+        assert sr[k] == se[k], k
+    assert sr["outliers"] == 1 and sr["stream_events"] == se["stream_events"] == {"a": {"outliers": 1, "rolled_back": 0}}
+    assert {k: v for k, v in sr["learner"].items()} == se["learner"]
+    assert set(sr["latency_us"]) == set(se["latency_us"]) and sr["latency_us"]["max"] > 0
+    for name in ("a", "b"):
+        got, want = sr["stream_metrics"][name], se["stream_metrics"][name]
+        assert got["n"] == want["n"] > 0 and got.get("outliers") == want.get("outliers")
+        for k in ("mse", "mae", "nrmse"):
+            assert abs(got[k] - want[k]) <= AGREE * want[k], (name, k)
+        assert abs(sr["stream_loss"][name] - se["stream_loss"][name]) <= AGREE * se["stream_loss"][name]
+
+
+@pytest.mark.slow      # serve's engine of the default learner compiles (~4 s)
+def test_an_idle_stream_is_parked_and_resumes_where_it_left(folder):
+    """Idle past engine.idle_timeout_s, a stream's slot goes to another stream and its state is
+    parked; back in time, it continues as if it never left (bit for bit against a run where it
+    never left), counted as serve's engine counts it; without parking it starts afresh."""
+    now = [0.0]
+    clock = lambda: now[0]
+    xs = _series(50)
+    alone = _preds(answers(_runner(folder), _data("a", xs)))
+
+    def leave_and_return(core):
+        now[0] = 0.0
+        answers(core, _data("a", xs[:30]) + _data("b", xs[:2]))
+        now[0] = 10.0
+        core.evict_idle()
+        answers(core, _data("c", xs[:2]) + _data("d", xs[:2]))     # both slots taken by others
+        now[0] = 20.0
+        core.evict_idle()
+        return _preds(answers(core, _data("a", xs[30:], first=30)))
+    engine, runner = _engine(clock=clock, idle_timeout_s=5.0, park_s=60.0), _runner(folder, clock=clock, idle_timeout_s=5.0)
+    leave_and_return(engine)
+    assert np.array_equal(leave_and_return(runner), alone[30:])
+    assert len(runner.parking) == len(engine.parking) == 3          # b, c, d (a came back)
+    for k in ("parked", "unparked", "park_dropped"):
+        assert runner.counters[k] == engine.metrics.counters[k], k
+    assert runner.counters["unparked"] == 1
+    off = _runner(folder, clock=clock, idle_timeout_s=5.0, park_s=0.0)
+    fresh = _preds(answers(_runner(folder), _data("a", xs[30:], first=30)))
+    assert np.array_equal(leave_and_return(off), fresh) and off.counters["parked"] == 0
+
+
 def test_the_runner_process_serves_sensor_client_and_checkpoints_on_sigterm(folder, tmp_path):
     """``python -m streamtrace_runner serve``: SensorClient's steps answered as the in-process
     runner answers them; SIGTERM writes the final checkpoint; a restart resumes the stream."""
@@ -161,10 +217,30 @@ def test_the_runner_docstring_examples_run():
 
     import streamtrace_runner.bank
     import streamtrace_runner.core
+    import streamtrace_runner.counters
+    import streamtrace_runner.digest
+    import streamtrace_runner.iree_calls
+    import streamtrace_runner.labels
+    import streamtrace_runner.parking
+    import streamtrace_runner.rolling
     import streamtrace_runner.runtime
     import streamtrace_runner.server
     import streamtrace_runner.state_map
+    import streamtrace_runner.streams
     for module in (streamtrace_runner.state_map, streamtrace_runner.runtime, streamtrace_runner.bank,
-                   streamtrace_runner.core, streamtrace_runner.server):
+                   streamtrace_runner.core, streamtrace_runner.server, streamtrace_runner.labels,
+                   streamtrace_runner.rolling, streamtrace_runner.streams, streamtrace_runner.digest,
+                   streamtrace_runner.parking, streamtrace_runner.counters, streamtrace_runner.iree_calls):
+        result = doctest.testmod(module)
+        assert result.attempted > 0 and result.failed == 0, module.__name__
+
+
+@pytest.mark.slow        # each example exports the default learner (~10 s)
+def test_the_runner_stats_and_weights_examples_run():
+    import doctest
+
+    import streamtrace_runner.stats
+    import streamtrace_runner.weights
+    for module in (streamtrace_runner.stats, streamtrace_runner.weights):
         result = doctest.testmod(module)
         assert result.attempted > 0 and result.failed == 0, module.__name__
