@@ -210,37 +210,3 @@ def test_a_folder_that_is_not_an_export_is_refused_in_one_line(tmp_path):
     r = subprocess.run([sys.executable, "-m", "streamtrace_runner", "serve", str(tmp_path)],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "not an exported learner" in r.stderr
-
-
-def test_the_runner_docstring_examples_run():
-    import doctest
-
-    import streamtrace_runner.bank
-    import streamtrace_runner.core
-    import streamtrace_runner.counters
-    import streamtrace_runner.digest
-    import streamtrace_runner.iree_calls
-    import streamtrace_runner.labels
-    import streamtrace_runner.parking
-    import streamtrace_runner.rolling
-    import streamtrace_runner.runtime
-    import streamtrace_runner.server
-    import streamtrace_runner.state_map
-    import streamtrace_runner.streams
-    for module in (streamtrace_runner.state_map, streamtrace_runner.runtime, streamtrace_runner.bank,
-                   streamtrace_runner.core, streamtrace_runner.server, streamtrace_runner.labels,
-                   streamtrace_runner.rolling, streamtrace_runner.streams, streamtrace_runner.digest,
-                   streamtrace_runner.parking, streamtrace_runner.counters, streamtrace_runner.iree_calls):
-        result = doctest.testmod(module)
-        assert result.attempted > 0 and result.failed == 0, module.__name__
-
-
-@pytest.mark.slow        # each example exports the default learner (~10 s)
-def test_the_runner_stats_and_weights_examples_run():
-    import doctest
-
-    import streamtrace_runner.stats
-    import streamtrace_runner.weights
-    for module in (streamtrace_runner.stats, streamtrace_runner.weights):
-        result = doctest.testmod(module)
-        assert result.attempted > 0 and result.failed == 0, module.__name__
