@@ -34,7 +34,7 @@ def np_mixture(model, targets, *, forecast, period=None, eta=ETA, window=WINDOW,
     def seasons(c):
         if period:
             return period, 0
-        first, second = found[c].seasons()         # the longer season detected (learner/period.py)
+        first, second = found[c].found              # the longer season settled on (learner/period.py)
         return (second, first) if second else (first, 0)
 
     def seasonal():
@@ -81,6 +81,7 @@ def np_mixture(model, targets, *, forecast, period=None, eta=ETA, window=WINDOW,
             r.learn(y[c])
         for c, det in enumerate(found):
             det.update(y[c])
+            det.settle()
         hist.append(np.array(y, float))
         w = max(1 / len(hist), 1 / window)
         d = y - mean
@@ -162,7 +163,7 @@ def test_a_period_is_detected():
         got.append(np.asarray(out)[0])
     np.testing.assert_allclose(np.array(got), want, rtol=2e-4, atol=2e-4)
     from streamtrace.learner import period
-    assert [int(np.asarray(p)[0, 0]) for p in period.periods(s["season"])] == [12, 0]
+    assert [int(np.asarray(p)[0, 0]) for p in period.found(e.open(s)["season"])] == [12, 0]
     late = slice(200, 299)
     assert np.mean((want[late] - y[1:][late]) ** 2) < 0.2 * np.mean((y[:-1][late] - y[1:][late]) ** 2)
 
