@@ -64,6 +64,9 @@ from . import period as seasons
 __all__ = ["Experts", "experts", "EXPERTS"]
 
 EXPERTS = ("model", "persistence", "mean", "seasonal", "linear")
+# the state's layout, in describe() (so in a checkpoint's signature): a checkpoint of another
+# layout is refused by name ("combine.state: expected ..."), not by a list of arrays
+STATE = "aux-1: linear 9 regressors, seasons settled"
 
 
 class Experts:
@@ -109,7 +112,7 @@ class Experts:
     def describe(self) -> dict:
         return {"kind": self.name, "experts": list(self.names), "period": None if self.detect else self.period,
                 "max_period": self.period if self.detect else None, "eta": self.eta, "window": self.window,
-                "clip": self.clip}
+                "clip": self.clip, "state": STATE}
 
     def init(self, n: int, n_out: int, dtype) -> dict:
         return {"L": jnp.zeros((n, len(self.names), n_out), dtype), "n": jnp.zeros(n, jnp.int32),
