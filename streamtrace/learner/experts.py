@@ -166,7 +166,7 @@ class Experts:
         if self.period:
             seasonal, has = self._seasonal(s)
             preds += [seasonal, lagged_rls.predict(s["linear"], self._linear(s))]
-            avail += [has, n >= 3]
+            avail += [has, (n >= 3) & (self._seasons(s)[0] > 0)]       # the linear one: with a season
         avail = jnp.stack([jnp.broadcast_to(a, model.shape) for a in avail], axis=1)
         return jnp.stack(preds, axis=1), avail
 

@@ -21,6 +21,10 @@ Of the candidates, the strongest one (largest r) is ``best``;
     first  = the shortest candidate whose r is at least ``share`` x r_best   (the base season)
     second = best, where r_best exceeds r_first by ``margin``                 (a longer season)
 
+and none at all unless the base season repeats: r_{2 first} exceeds ``repeat`` where 2 first
+<= max_period (a cycle whose length wanders, as the sunspots' 9-14 years, correlates at one
+cycle and much less at two; its multiples are no season either).
+
 so a single season of 12 (whose multiples 24, 36 correlate as well) reports 12 and no second,
 and half-hourly data with a day and a week reports 48 and 336. White noise reports none (0):
 its deviations correlate about 0 beyond the first lags.
@@ -108,7 +112,8 @@ def autocorrelation(s: dict):
     return jnp.where(ok, (s["c"] - mu2) / jnp.where(ok, den, 1.0), 0.0)
 
 
-def periods(s: dict, threshold: float = 0.3, share: float = 0.5, margin: float = 0.1, prominence: float = 0.3):
+def periods(s: dict, threshold: float = 0.3, share: float = 0.5, margin: float = 0.1, prominence: float = 0.3,
+            repeat: float = 0.5):
     """The detected seasons (first, second), each (N, C) int32 lags (0: none), see the module.
 
     Example::
@@ -129,11 +134,13 @@ def periods(s: dict, threshold: float = 0.3, share: float = 0.5, margin: float =
     dip = r - jax.lax.cummin(r, axis=1)                                 # above the lowest before it
     cand = (lag >= 2) & (r >= left) & (r >= right) & (r > threshold) & (dip > prominence) & enough
     rc = jnp.where(cand, r, -jnp.inf)
-    any_ = jnp.any(cand, axis=1)
     best = jnp.argmax(rc, axis=1)                                       # (N, C) index
     r_best = jnp.max(rc, axis=1)
     first = jnp.argmax(cand & (r >= share * r_best[:, None, :]), axis=1)
     r_first = jnp.take_along_axis(r, first[:, None, :], axis=1)[:, 0]
+    half = jnp.concatenate([r[:, 1::2][:, :P // 2], jnp.full_like(r[:, :P - P // 2], jnp.inf)], axis=1)
+    again = jnp.take_along_axis(half, first[:, None, :], axis=1)[:, 0] > repeat    # r_{2 first}
+    any_ = jnp.any(cand, axis=1) & again
     two = any_ & (best != first) & (r_best > r_first + margin)
     return (jnp.where(any_, first + 1, 0).astype(jnp.int32), jnp.where(two, best + 1, 0).astype(jnp.int32))
 

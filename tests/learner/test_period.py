@@ -40,7 +40,7 @@ class NpPeriod:
                          for p in range(1, self.P + 1)])
 
 
-    def seasons(self, threshold=0.3, share=0.5, margin=0.1, prominence=0.3):
+    def seasons(self, threshold=0.3, share=0.5, margin=0.1, prominence=0.3, repeat=0.5):
         """(first, second): the rules of the module's docstring, written out."""
         r = self.r()
         cand = [p for p in range(2, self.P) if r[p - 1] >= r[p - 2] and r[p - 1] >= r[p] and r[p - 1] > threshold
@@ -49,6 +49,8 @@ class NpPeriod:
             return 0, 0
         best = max(cand, key=lambda p: (r[p - 1], -p))
         first = next(p for p in cand if r[p - 1] >= share * r[best - 1])
+        if 2 * first <= self.P and r[2 * first - 1] <= repeat:       # the base season must repeat
+            return 0, 0
         return first, best if best != first and r[best - 1] > r[first - 1] + margin else 0
 
     def settle(self, every=4, hold=2):
