@@ -21,9 +21,10 @@ Of the candidates, the strongest one (largest r) is ``best``;
     first  = the shortest candidate whose r is at least ``share`` x r_best   (the base season)
     second = best, where r_best exceeds r_first by ``margin``                 (a longer season)
 
-and none at all unless the base season repeats: r_{2 first} exceeds ``repeat`` where 2 first
-<= max_period (a cycle whose length wanders, as the sunspots' 9-14 years, correlates at one
-cycle and much less at two; its multiples are no season either).
+and none at all unless the base season repeats: from 8 cycles of it on (8 x first differences
+seen), r_{2 first} must exceed ``repeat`` where 2 first <= max_period (a cycle whose length
+wanders, as the sunspots' 9-14 years, correlates at one cycle and much less at two; its
+multiples are no season either; before 8 cycles r_{2 first} rests on too few products).
 
 so a single season of 12 (whose multiples 24, 36 correlate as well) reports 12 and no second,
 and half-hourly data with a day and a week reports 48 and 336. White noise reports none (0):
@@ -139,7 +140,8 @@ def periods(s: dict, threshold: float = 0.3, share: float = 0.5, margin: float =
     first = jnp.argmax(cand & (r >= share * r_best[:, None, :]), axis=1)
     r_first = jnp.take_along_axis(r, first[:, None, :], axis=1)[:, 0]
     half = jnp.concatenate([r[:, 1::2][:, :P // 2], jnp.full_like(r[:, :P - P // 2], jnp.inf)], axis=1)
-    again = jnp.take_along_axis(half, first[:, None, :], axis=1)[:, 0] > repeat    # r_{2 first}
+    young = (s["k"] - 1)[:, None] < 8 * (first + 1)                     # too few cycles to judge r_{2 first}
+    again = young | (jnp.take_along_axis(half, first[:, None, :], axis=1)[:, 0] > repeat)    # r_{2 first}
     any_ = jnp.any(cand, axis=1) & again
     two = any_ & (best != first) & (r_best > r_first + margin)
     return (jnp.where(any_, first + 1, 0).astype(jnp.int32), jnp.where(two, best + 1, 0).astype(jnp.int32))

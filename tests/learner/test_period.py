@@ -49,7 +49,7 @@ class NpPeriod:
             return 0, 0
         best = max(cand, key=lambda p: (r[p - 1], -p))
         first = next(p for p in cand if r[p - 1] >= share * r[best - 1])
-        if 2 * first <= self.P and r[2 * first - 1] <= repeat:       # the base season must repeat
+        if 2 * first <= self.P and len(self.d) >= 8 * first and r[2 * first - 1] <= repeat:    # must repeat
             return 0, 0
         return first, best if best != first and r[best - 1] > r[first - 1] + margin else 0
 
@@ -174,3 +174,16 @@ def test_settle_holds_a_season_until_two_searches_agree():
         if got[i] != got[i - 1]:                # adopted at a search that repeats the one before
             assert i in at and at[i] >= 1 and raw[at[i]] == raw[at[i] - 1] == got[i]
     assert 12 in {f for f, _ in got[:200]} and 7 in {f for f, _ in got[200:]}
+
+
+def test_a_wandering_cycle_is_no_season():
+    """Cycles of 9 to 14 steps (as the sunspots' years): once 8 cycles are seen they correlate
+    at one cycle but not at two, so no season is reported; the same series with every cycle
+    12 steps long reports 12."""
+    rng = np.random.default_rng(5)
+    lengths = rng.integers(9, 15, 40)
+    wander = np.concatenate([np.sin(np.pi * np.arange(n) / n) ** 2 for n in lengths])[:400]
+    fixed = np.tile(np.sin(np.pi * np.arange(12) / 12) ** 2, 34)[:400]
+    for y, want in [(wander, 0), (fixed, 12)]:
+        first, _, r = _detect((y + 0.05 * rng.standard_normal(400))[:, None], 40)
+        assert first[0] == want, (first, r[:30, 0].round(2))
