@@ -1,9 +1,10 @@
 """What a change to the experts combiner costs the default learner's step, paired: the default
 (one slot, float64, Mackey-Glass's config, as ``evaluate`` builds it) with this tree's combiner
 against the same learner with the combiner of an earlier commit (its learner/experts.py,
-period.py and lagged_rls.py read with ``git show``), and the default with ``[combine]
-max_period`` (the period detector and the linear expert), timed in turn round after round in
-one process.
+period.py, lagged_rls.py and flat_state.py where it has them, read with ``git show``) and
+without seasons (``[combine] max_period = 0``, that commit's default where it predates the
+detection), and this tree's default without seasons, timed in turn round after round in one
+process.
 
     .venv/bin/python bench/combiner_cost.py --before b029070 [--pin-cpu 0] [--rounds 9] [--round-s 0.3]
 """
@@ -20,7 +21,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 ROOT = Path(__file__).resolve().parent.parent
-MODULES = ("experts", "period", "lagged_rls")
+MODULES = ("experts", "period", "lagged_rls", "flat_state")
 
 
 def combiner_at(commit: str):
@@ -30,13 +31,14 @@ def combiner_at(commit: str):
     (pkg / "__init__.py").write_text("")
     for name in MODULES:
         text = subprocess.run(["git", "-C", str(ROOT), "show", f"{commit}:streamtrace/learner/{name}.py"],
-                              capture_output=True, text=True, check=True).stdout
-        (pkg / f"{name}.py").write_text(text)
+                              capture_output=True, text=True)
+        if text.returncode == 0:
+            (pkg / f"{name}.py").write_text(text.stdout)
     sys.path.insert(0, str(pkg.parent))
     return importlib.import_module("combiner_before.experts").experts
 
 
-def sides(before: str, max_period: int) -> dict:
+def sides(before: str) -> dict:
     import streamtrace.recipe.build as build
     from timing import step_call
     from streamtrace.evaluation.scoring import default_config, task_config
@@ -55,14 +57,14 @@ def sides(before: str, max_period: int) -> dict:
         finally:
             build.experts = saved
     cfg = default_config(task)
-    return {"default": side(cfg), f"default at {before}": side(cfg, combiner_at(before)),
-            f"default, max_period {max_period}": side({**cfg, "combine": {**cfg["combine"], "max_period": max_period}})}
+    off = {**cfg, "combine": {**cfg["combine"], "max_period": 0}}
+    return {"default": side(cfg), f"default at {before}": side(off, combiner_at(before)),
+            "default without seasons": side(off)}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--before", required=True, help="the commit whose combiner is the baseline")
-    p.add_argument("--max-period", type=int, default=60)
     p.add_argument("--pin-cpu", type=int, default=None)
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--round-s", type=float, default=0.3, help="seconds per side per round")
@@ -70,7 +72,7 @@ def main(argv=None) -> int:
     from paired import paired
     from timing import machine_line, percentiles, pin, timed
     pin(args.pin_cpu)
-    fns = sides(args.before, args.max_period)
+    fns = sides(args.before)
     med = paired(fns, args.rounds, args.round_s)
     base = f"default at {args.before}"
     print(f"# {machine_line()}; {args.rounds} paired rounds of {args.round_s} s per side")

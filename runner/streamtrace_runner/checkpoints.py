@@ -180,7 +180,9 @@ def signature_diff(want: dict, got: dict, limit: int = 6) -> list[str]:
     for k in sorted(set(want) | set(got)):
         if k in ("state", "state_dict") or k in _DESCRIBED:
             continue
-        if want.get(k) != got.get(k):
+        if isinstance(want.get(k), dict) and isinstance(got.get(k), dict):     # a section: setting by setting
+            diffs += description_diff(want[k], got[k], k)
+        elif want.get(k) != got.get(k):
             diffs.append(f"{k}: expected {want.get(k)!r}, checkpoint has {got.get(k)!r}")
     if "model" in want and "model" in got:     # older checkpoints do not record it
         diffs += description_diff(want["model"], got["model"], "model")

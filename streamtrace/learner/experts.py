@@ -58,28 +58,32 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from . import lagged_rls
+from . import flat_state, lagged_rls
 from . import period as seasons
 
 __all__ = ["Experts", "experts", "EXPERTS"]
 
 EXPERTS = ("model", "persistence", "mean", "seasonal", "linear")
+# the state's layout, in describe() (so in a checkpoint's signature): a checkpoint of another
+# layout is refused by name ("combine.state: expected ..."), not by a list of arrays
+STATE = "aux-1: linear 9 regressors, seasons settled"
 
 
 class Experts:
     """The combiner (see the module docstring). ``forecast`` and ``supervised`` are the two ways
     the learner's step calls it; state per slot: ``L`` (N, K, C) discounted losses, ``n``
-    targets seen, ``last``, ``mean``, ``var`` (N, C), ``model`` (N, C) the model's pending
-    forecast; with a period ``linear`` (learner/lagged_rls.py's state: its ring of targets serves
-    the seasonal expert too) and, when detecting it, ``season`` (learner/period.py's state).
+    targets seen and ``aux`` (the rest, one array per dtype; ``open`` names its parts):
+    ``last``, ``mean``, ``var`` (N, C), ``model`` (N, C) the model's pending forecast; with a
+    period ``linear`` (learner/lagged_rls.py's state: its ring of targets serves the seasonal
+    expert too) and, when detecting it, ``season`` (learner/period.py's state).
 
     Example::
 
         >>> import numpy as np
         >>> e = Experts(max_period=24)
         >>> s = e.init(1, 1, np.float32)
-        >>> sorted(s["season"])
-        ['c', 'k', 'mu', 'prev', 'ring', 'v']
+        >>> sorted(e.open(s)["season"])
+        ['c', 'cand', 'found', 'held', 'k', 'mu', 'prev', 'ring', 'v']
     """
 
     name = "experts"
@@ -103,28 +107,43 @@ class Experts:
         self.names = EXPERTS if self.period else EXPERTS[:3]
         self.lam = 0.99             # the linear expert's forgetting (fast: short series)
         self.memory = (10.0, 0.25)  # the losses' memory: 10 + n / 4 steps after n targets, at most window
+        self.search = (4, 2)        # the seasons searched every 4 targets, adopted when 2 searches agree
 
     def describe(self) -> dict:
         return {"kind": self.name, "experts": list(self.names), "period": None if self.detect else self.period,
                 "max_period": self.period if self.detect else None, "eta": self.eta, "window": self.window,
-                "clip": self.clip}
+                "clip": self.clip, "state": STATE}
 
     def init(self, n: int, n_out: int, dtype) -> dict:
+        return {"L": jnp.zeros((n, len(self.names), n_out), dtype), "n": jnp.zeros(n, jnp.int32),
+                "aux": flat_state.flatten(self._aux(n, n_out, dtype))}
+
+    def _aux(self, n, n_out, dtype) -> dict:
+        """The state besides L and n, kept as one array per dtype (``aux``, learner/flat_state.py:
+        each array of the state costs the step about a microsecond)."""
         z = jnp.zeros((n, n_out), dtype)
-        state = {"L": jnp.zeros((n, len(self.names), n_out), dtype), "n": jnp.zeros(n, jnp.int32),
-                 "last": z, "mean": z, "var": z, "model": z}
+        aux = {"last": z, "mean": z, "var": z, "model": z}
         if self.detect:     # the period detector over lags 1..max_period
-            state["season"] = seasons.init(n, n_out, self.period, dtype)
+            aux["season"] = seasons.init(n, n_out, self.period, dtype)
         if self.period:     # the linear expert (its ring of targets reaches a season and 2 more steps back)
-            state["linear"] = lagged_rls.init(n, n_out, 2 * self.period + 2, dtype)
-        return state
+            aux["linear"] = lagged_rls.init(n, n_out, 2 * self.period + 2, dtype)
+        return aux
+
+    def open(self, s) -> dict:
+        """The state ``init`` made (``L``, ``n``, ``aux``) with ``aux`` opened into its parts:
+        ``last``, ``mean``, ``var``, ``model`` and with a period ``linear`` (and ``season``)."""
+        like = jax.eval_shape(lambda: self._aux(1, s["L"].shape[2], s["L"].dtype))
+        return {"L": s["L"], "n": s["n"], **flat_state.unflatten(s["aux"], like)}
+
+    def _close(self, s) -> dict:
+        return {"L": s["L"], "n": s["n"], "aux": flat_state.flatten({k: v for k, v in s.items() if k not in ("L", "n")})}
 
     def _seasons(self, s):
         """(N, C) the season the seasonal expert uses and the other one found (0: none)."""
         if not self.detect:
             p = jnp.full(s["last"].shape, self.period, jnp.int32)
             return p, jnp.zeros_like(p)
-        first, second = seasons.periods(s["season"])
+        first, second = seasons.found(s["season"])
         return jnp.where(second > 0, second, first), jnp.where(second > 0, first, 0)
 
     def _linear(self, s):
@@ -147,7 +166,7 @@ class Experts:
         if self.period:
             seasonal, has = self._seasonal(s)
             preds += [seasonal, lagged_rls.predict(s["linear"], self._linear(s))]
-            avail += [has, n >= 3]
+            avail += [has, (n >= 3) & (self._seasons(s)[0] > 0)]       # the linear one: with a season
         avail = jnp.stack([jnp.broadcast_to(a, model.shape) for a in avail], axis=1)
         return jnp.stack(preds, axis=1), avail
 
@@ -184,7 +203,7 @@ class Experts:
         new = {**s, "n": jnp.where(ok, n1, s["n"]), "last": jnp.where(keep, y, s["last"]),
                "mean": jnp.where(keep, mean, s["mean"]), "var": jnp.where(keep, var, s["var"])}
         if self.detect:
-            new["season"] = seasons.update(s["season"], y, ok, self.window)
+            new["season"] = seasons.settle(seasons.update(s["season"], y, ok, self.window), ok, *self.search)
         if self.period:
             lin = lagged_rls.restart(s["linear"], self._seasons(s)[0], ok) if self.detect else s["linear"]
             new["linear"] = lagged_rls.update(lin, self._linear(s), y, ok, self.lam, self.window)
@@ -195,10 +214,11 @@ class Experts:
         """Supervised step: the mixture's prediction of this step's target from ``model`` (N, *out),
         then learn from the target y where ``ok`` (N,). Returns (state, prediction)."""
         shape, m, t = model.shape, _flat(model), _flat(y)
+        s = self.open(s)
         out = self.mix(s, m)
         t = jnp.where(ok[:, None], t, 0).astype(m.dtype)
         s = self._observe(self._score(s, m, t, ok), t, ok)
-        return s, out.reshape(shape)
+        return self._close(s), out.reshape(shape)
 
     def forecast(self, s, y_now, scored, seen, model, keep):
         """Forecast step: y_now (N, C) is the target of the pending forecast; charge the experts
@@ -206,9 +226,10 @@ class Experts:
         (kept as pending where ``keep``). Returns (state, prediction)."""
         shape, m = model.shape, _flat(model)
         y = jnp.where(seen[:, None], _flat(y_now), 0).astype(m.dtype)
+        s = self.open(s)
         s = self._observe(self._score(s, s["model"], y, scored & seen), y, seen)
         s = {**s, "model": jnp.where(keep[:, None] & jnp.isfinite(m), m, s["model"])}
-        return s, self.mix(s, m).reshape(shape)
+        return self._close(s), self.mix(s, m).reshape(shape)
 
 
 def _flat(a):

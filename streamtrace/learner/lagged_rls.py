@@ -20,7 +20,7 @@ scaled change d_t / s by RLS with forgetting lam:
 starting from w = 0, P = I / delta (and afresh, ``restart``, when a detected season first
 appears); then s^2 <- s^2 + a (d_t^2 - s^2), a = max(1/k, 1/window) after k changes. The
 regressors need the targets ``depth`` steps back: a ring of them (depth = 2 x the longest
-season + 2).
+season + 2), newest first.
 """
 from __future__ import annotations
 
@@ -80,16 +80,22 @@ def back(s, lag):
         >>> float(back(s, jnp.array([[3]]))[0, 0])
         1.0
     """
-    R = s["ring"].shape[1]
-    idx = (s["n"][:, None] - lag) % R
-    return jnp.take_along_axis(s["ring"], idx[:, None, :], axis=1)[:, 0]
+    return _pick(s["ring"], lag[..., None])[..., 0]
 
 
-def _diff(s, lag):
-    """d_{t-lag} = y_{t-lag} - y_{t-lag-1}, 0 where lag is 0 or not yet seen."""
-    ok = (lag >= 1) & (s["n"][:, None] >= lag + 1)
-    lag = jnp.maximum(lag, 1)
-    return jnp.where(ok, back(s, lag) - back(s, lag + 1), 0)
+def _pick(ring, lags):
+    """ring[:, lag - 1] (N, C, L) for lags (N, C, L): the ring holds y_{t-1}, y_{t-2}, .. in
+    order, and a one-hot sum reads it (a fused loop where a gather is not)."""
+    R = ring.shape[1]
+    hot = jnp.arange(R)[None, :, None, None] == (lags - 1)[:, None]          # (N, R, C, L)
+    return jnp.sum(jnp.where(hot, ring[..., None], 0), axis=1)
+
+
+def _diffs(s, lags):
+    """d_{t-lag} = y_{t-lag} - y_{t-lag-1} (N, C, L), 0 where lag is 0 or not yet seen."""
+    ring = s["ring"]
+    ok = (lags >= 1) & (s["n"][:, None, None] >= lags + 1) & (lags < ring.shape[1])
+    return jnp.where(ok, _pick(ring[:, :-1] - ring[:, 1:], lags), 0)
 
 
 def scale(s: dict):
@@ -101,7 +107,7 @@ def scale(s: dict):
         >>> float(scale(init(1, 1, 8, jnp.float64))[0, 0]) > 0
         True
     """
-    last = back(s, jnp.ones(s["q"].shape, jnp.int32))
+    last = s["ring"][:, 0]
     return jnp.sqrt(s["q"] + 1e-12 * (1.0 + last * last))
 
 
@@ -119,12 +125,11 @@ def features(s: dict, p1, p2, mean):
     one = jnp.ones_like(mean)
     sc = scale(s)
     p1, p2 = jnp.minimum(p1, s["ring"].shape[1] - 1), jnp.minimum(p2, s["ring"].shape[1] - 1)
-    last = jnp.where(s["n"][:, None] >= 1, back(s, one.astype(jnp.int32)), mean)
-    R = s["ring"].shape[1]
-    on = lambda lag: jnp.where((p1 > 0) & (lag < R), lag, 0)           # noqa: E731  (0: no regressor)
-    lags = [1 + 0 * p1, 2 + 0 * p1, p1, on(p1 + 1), on(p1 + 2), p2, on(2 * p1)]
-    cols = [last - mean] + [_diff(s, q) for q in lags]
-    return jnp.stack([c / sc for c in cols] + [one], axis=-1)
+    last = jnp.where(s["n"][:, None] >= 1, s["ring"][:, 0], mean)
+    on = jnp.where(p1 > 0, 1, 0)                                          # (0: no regressor)
+    lags = jnp.stack([1 + 0 * p1, 2 + 0 * p1, p1, on * (p1 + 1), on * (p1 + 2), p2, on * 2 * p1], axis=-1)
+    cols = jnp.concatenate([(last - mean)[..., None], _diffs(s, lags)], axis=-1) / sc[..., None]
+    return jnp.concatenate([cols, one[..., None]], axis=-1)
 
 
 def predict(s: dict, z):
@@ -137,8 +142,7 @@ def predict(s: dict, z):
         >>> float(predict(s, jnp.ones((1, 1, D)))[0, 0])      # nothing learnt yet: persistence (0)
         0.0
     """
-    last = back(s, jnp.ones(s["q"].shape, jnp.int32))
-    return last + scale(s) * jnp.sum(s["w"] * z, axis=-1)
+    return s["ring"][:, 0] + scale(s) * jnp.sum(s["w"] * z, axis=-1)
 
 
 def update(s: dict, z, y, ok, lam: float = 0.995, window: int = 500) -> dict:
@@ -155,14 +159,13 @@ def update(s: dict, z, y, ok, lam: float = 0.995, window: int = 500) -> dict:
     """
     Pz = jnp.einsum("ncij,ncj->nci", s["P"], z)
     k = Pz / (lam + jnp.sum(z * Pz, axis=-1, keepdims=True))
-    d = y - back(s, jnp.ones(y.shape, jnp.int32))
+    d = y - s["ring"][:, 0]
     e = d / scale(s) - jnp.sum(s["w"] * z, axis=-1)
     learn = (ok & (s["n"] >= 2))[:, None]
     w = jnp.where(learn[..., None], s["w"] + k * e[..., None], s["w"])
     P = jnp.where(learn[..., None, None], (s["P"] - k[..., :, None] * Pz[..., None, :]) / lam, s["P"])
     a = jnp.maximum(1.0 / jnp.maximum(s["n"], 1), 1.0 / window)[:, None].astype(y.dtype)
     q = jnp.where((ok & (s["n"] >= 1))[:, None], s["q"] + a * (d * d - s["q"]), s["q"])
-    R = s["ring"].shape[1]
-    hot = (jnp.arange(R)[None, :] == (s["n"] % R)[:, None]) & ok[:, None]
+    ring = jnp.concatenate([y[:, None, :], s["ring"][:, :-1]], axis=1)     # y_{t-1}, y_{t-2}, ..
     return {**s, "n": jnp.where(ok, s["n"] + 1, s["n"]), "w": w, "P": P, "q": q,
-            "ring": jnp.where(hot[..., None], y[:, None, :], s["ring"])}
+            "ring": jnp.where(ok[:, None, None], ring, s["ring"])}

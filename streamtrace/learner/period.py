@@ -21,16 +21,27 @@ Of the candidates, the strongest one (largest r) is ``best``;
     first  = the shortest candidate whose r is at least ``share`` x r_best   (the base season)
     second = best, where r_best exceeds r_first by ``margin``                 (a longer season)
 
+and none at all unless the base season repeats: from 8 cycles of it on (8 x first differences
+seen), r_{2 first} must exceed ``repeat`` where 2 first <= max_period (a cycle whose length
+wanders, as the sunspots' 9-14 years, correlates at one cycle and much less at two; its
+multiples are no season either; before 8 cycles r_{2 first} rests on too few products).
+
 so a single season of 12 (whose multiples 24, 36 correlate as well) reports 12 and no second,
 and half-hourly data with a day and a week reports 48 and 336. White noise reports none (0):
 its deviations correlate about 0 beyond the first lags.
+
+``settle`` keeps the seasons the experts use (``found``): it runs the search above only every
+``every`` targets (per slot, on its k-th target with k a multiple of ``every``; the running
+products are updated every step) and adopts a result only once ``hold`` searches in a row
+agree on it (hysteresis), so a season that wins one search and loses the next never reaches
+the experts.
 """
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 
-__all__ = ["init", "update", "autocorrelation", "periods"]
+__all__ = ["init", "update", "autocorrelation", "periods", "settle", "found"]
 
 
 def init(n: int, n_out: int, max_period: int, dtype) -> dict:
@@ -46,8 +57,10 @@ def init(n: int, n_out: int, max_period: int, dtype) -> dict:
     if not isinstance(max_period, int) or isinstance(max_period, bool) or max_period < 2:
         raise ValueError(f"period detector: max_period must be an integer >= 2; got {max_period!r}")
     z = jnp.zeros((n, n_out), dtype)
+    lags = jnp.zeros((n, 2, n_out), jnp.int32)      # (first, second) per channel
     return {"k": jnp.zeros(n, jnp.int32), "prev": z, "mu": z, "v": z,
-            "ring": jnp.zeros((n, max_period, n_out), dtype), "c": jnp.zeros((n, max_period, n_out), dtype)}
+            "ring": jnp.zeros((n, max_period, n_out), dtype), "c": jnp.zeros((n, max_period, n_out), dtype),
+            "found": lags, "cand": lags, "held": jnp.zeros((n, n_out), jnp.int32)}
 
 
 def update(s: dict, y, ok, window: int) -> dict:
@@ -70,17 +83,16 @@ def update(s: dict, y, ok, window: int) -> dict:
     a = jnp.maximum(1.0 / jnp.maximum(k, 1), 1.0 / window)[:, None].astype(d.dtype)
     b = jnp.maximum(1.0 / (k + 1), 1.0 / P)[:, None].astype(d.dtype)      # the level's rate
     lags = jnp.arange(1, P + 1)
-    idx = (m[:, None] - lags[None, :]) % P
-    past = jnp.take_along_axis(s["ring"], idx[..., None], axis=1)              # d_{t-p}
     count = m[:, None] - lags[None, :] + 1                                     # products incl. this
     ap = jnp.maximum(1.0 / jnp.maximum(count, 1), 1.0 / window)[..., None].astype(d.dtype)
-    c = s["c"] + ap * (d[:, None, :] * past - s["c"])
+    c = s["c"] + ap * (d[:, None, :] * s["ring"] - s["c"])                    # ring[:, p-1] = d_{t-p}
     use = have & ok[:, None]
-    hot = (jnp.arange(P)[None, :] == (jnp.maximum(m, 0) % P)[:, None]) & use
-    return {"k": jnp.where(ok, k + 1, k), "prev": jnp.where(ok[:, None], s["prev"] + b * (y - s["prev"]), s["prev"]),
+    ring = jnp.concatenate([d[:, None, :], s["ring"][:, :-1]], axis=1)
+    return {**s, "k": jnp.where(ok, k + 1, k),
+            "prev": jnp.where(ok[:, None], s["prev"] + b * (y - s["prev"]), s["prev"]),
             "mu": jnp.where(use, s["mu"] + a * (d - s["mu"]), s["mu"]),
             "v": jnp.where(use, s["v"] + a * (d * d - s["v"]), s["v"]),
-            "ring": jnp.where(hot[..., None], d[:, None, :], s["ring"]),
+            "ring": jnp.where(use[:, None, :], ring, s["ring"]),
             "c": jnp.where(use[:, None, :] & (count >= 1)[..., None], c, s["c"])}
 
 
@@ -101,7 +113,8 @@ def autocorrelation(s: dict):
     return jnp.where(ok, (s["c"] - mu2) / jnp.where(ok, den, 1.0), 0.0)
 
 
-def periods(s: dict, threshold: float = 0.3, share: float = 0.5, margin: float = 0.1, prominence: float = 0.3):
+def periods(s: dict, threshold: float = 0.3, share: float = 0.5, margin: float = 0.1, prominence: float = 0.3,
+            repeat: float = 0.5):
     """The detected seasons (first, second), each (N, C) int32 lags (0: none), see the module.
 
     Example::
@@ -122,10 +135,53 @@ def periods(s: dict, threshold: float = 0.3, share: float = 0.5, margin: float =
     dip = r - jax.lax.cummin(r, axis=1)                                 # above the lowest before it
     cand = (lag >= 2) & (r >= left) & (r >= right) & (r > threshold) & (dip > prominence) & enough
     rc = jnp.where(cand, r, -jnp.inf)
-    any_ = jnp.any(cand, axis=1)
     best = jnp.argmax(rc, axis=1)                                       # (N, C) index
     r_best = jnp.max(rc, axis=1)
     first = jnp.argmax(cand & (r >= share * r_best[:, None, :]), axis=1)
     r_first = jnp.take_along_axis(r, first[:, None, :], axis=1)[:, 0]
+    half = jnp.concatenate([r[:, 1::2][:, :P // 2], jnp.full_like(r[:, :P - P // 2], jnp.inf)], axis=1)
+    young = (s["k"] - 1)[:, None] < 8 * (first + 1)                     # too few cycles to judge r_{2 first}
+    again = young | (jnp.take_along_axis(half, first[:, None, :], axis=1)[:, 0] > repeat)    # r_{2 first}
+    any_ = jnp.any(cand, axis=1) & again
     two = any_ & (best != first) & (r_best > r_first + margin)
     return (jnp.where(any_, first + 1, 0).astype(jnp.int32), jnp.where(two, best + 1, 0).astype(jnp.int32))
+
+
+def settle(s: dict, ok, every: int = 4, hold: int = 2) -> dict:
+    """Search the seasons (``periods``) where ``ok`` (N,) and the slot's target count is a
+    multiple of ``every``; adopt a search's result into ``found`` once ``hold`` searches in a
+    row gave it. The search runs under ``lax.cond``: a step where no slot is due skips it.
+
+    Example::
+
+        >>> import jax.numpy as jnp, numpy as np
+        >>> s = init(1, 1, 20, jnp.float64)
+        >>> for v in np.tile([0., 0., 1., 3., 1.], 20):
+        ...     s = settle(update(s, jnp.array([[v]]), jnp.array([True]), 200), jnp.array([True]))
+        >>> [int(p) for p in found(s)[0][0]], [int(p) for p in found(s)[1][0]]
+        ([5], [0])
+    """
+    due = ok & (s["k"] % every == 0)
+
+    def search(s):
+        first, second = periods(s)
+        got = jnp.stack([first, second], axis=1)                        # (N, 2, C)
+        same = jnp.all(got == s["cand"], axis=1)
+        held = jnp.where(same, s["held"] + 1, 1)
+        adopt = (held >= hold)[:, None, :]
+        d2, d1 = due[:, None, None], due[:, None]
+        return {**s, "cand": jnp.where(d2, got, s["cand"]), "held": jnp.where(d1, held, s["held"]),
+                "found": jnp.where(d2 & adopt, got, s["found"])}
+    return jax.lax.cond(jnp.any(due), search, lambda s: s, s)
+
+
+def found(s: dict):
+    """The seasons ``settle`` adopted: (first, second), each (N, C) int32 (0: none).
+
+    Example::
+
+        >>> import jax.numpy as jnp
+        >>> [int(p[0, 0]) for p in found(init(1, 1, 12, jnp.float32))]
+        [0, 0]
+    """
+    return s["found"][:, 0], s["found"][:, 1]

@@ -5,7 +5,8 @@ Any key the config does set wins. A fixed 200-unit float64 reservoir beside a GR
 learn through D-RTRL traces (SGD) from the readout's error, causal standardisation, forecasts of
 the change from the last value (forecast mode), an exact RLS readout over both choosing between
 two ridges and forgetting faster for a while after a detected change in its error
-(``change_lam``), mixed with persistence and a running mean. The learned GRU made every task as
+(``change_lam``), mixed with persistence, a running mean and, once a season of 2..59 steps is
+found in the stream, a seasonal naive and a seasonal linear expert. The learned GRU made every task as
 good or better than the reservoir alone, for about 1.2x its step (docs/quality.md);
 ``[learned] stack = ""`` turns it off.
 
@@ -22,7 +23,9 @@ DEFAULT_LEARNER = {
     "readout": {"kind": "rls", "change_lam": 0.99},
     "learned": {"stack": "gru", "n_hidden": 16},
     "learning": {"optimizer": "frozen"},
-    "combine": {"experts": True},
+    # the seasons detected online in 2..59 steps (a seasonal naive and a linear expert join
+    # the mixture once one is found; learner/period.py); a given combine.period replaces it
+    "combine": {"experts": True, "max_period": 60},
 }
 
 
@@ -46,7 +49,7 @@ def fill_defaults(recipe, given: set) -> None:
         return
     for section, values in DEFAULT_LEARNER.items():
         for key, value in values.items():
-            if f"{section}.{key}" not in given:
+            if f"{section}.{key}" not in given and not (key == "max_period" and "combine.period" in given):
                 if value == "forecast":
                     value = recipe.learning.mode == "forecast"
                 setattr(getattr(recipe, section), key, value)

@@ -38,6 +38,11 @@ def test_a_config_that_names_no_model_is_the_default_learner():
     assert (gru.model.n_hidden, gru.readout.kind, gru.learning.optimizer, gru.combine.experts) == (32, "", "adam", False)
     sup = load_config(None, {"learning": {"mode": "supervised"}})
     assert sup.transform.residual is False and sup.transform.normalise and sup.combine.experts
+    # seasons are detected (2..59 steps) unless a period is given or detection is turned off
+    assert (cfg.combine.max_period, cfg.combine.period) == (60, 0)
+    assert (load_config(None, {"combine": {"period": 52}}).combine.max_period,
+            load_config(None, {"combine": {"period": 52}}).combine.period) == (0, 52)
+    assert load_config(None, {"combine": {"max_period": 0}}).combine.max_period == 0
 
 
 @pytest.mark.slow

@@ -213,7 +213,7 @@ def test_checkpoint_without_recorded_settings_still_restores(tmp_path):
 
 
 @pytest.mark.parametrize("other, named", [(dict(horizon=2), "horizon: expected 2"),
-                                          (dict(warmup=11), "transform: .*'warmup': 11")],
+                                          (dict(warmup=11), "transform.parts: .*'warmup': 11")],
                          ids=["horizon", "normalise-warmup"])
 def test_checkpoint_of_other_quality_settings_is_refused(tmp_path, other, named):
     xs = make_quality_data()

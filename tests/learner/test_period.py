@@ -18,6 +18,7 @@ class NpPeriod:
         self.P, self.window, self.k = max_period, window, 0
         self.level = self.mu = self.v = 0.0
         self.d, self.c = [], np.zeros(max_period + 1)        # c[p]: lag p's running product
+        self.found, self.cand, self.held = (0, 0), (0, 0), 0  # what settle adopted, its candidate
 
     def update(self, y):
         if self.k >= 1:
@@ -39,7 +40,7 @@ class NpPeriod:
                          for p in range(1, self.P + 1)])
 
 
-    def seasons(self, threshold=0.3, share=0.5, margin=0.1, prominence=0.3):
+    def seasons(self, threshold=0.3, share=0.5, margin=0.1, prominence=0.3, repeat=0.5):
         """(first, second): the rules of the module's docstring, written out."""
         r = self.r()
         cand = [p for p in range(2, self.P) if r[p - 1] >= r[p - 2] and r[p - 1] >= r[p] and r[p - 1] > threshold
@@ -48,7 +49,20 @@ class NpPeriod:
             return 0, 0
         best = max(cand, key=lambda p: (r[p - 1], -p))
         first = next(p for p in cand if r[p - 1] >= share * r[best - 1])
+        if 2 * first <= self.P and len(self.d) >= 8 * first and r[2 * first - 1] <= repeat:    # must repeat
+            return 0, 0
         return first, best if best != first and r[best - 1] > r[first - 1] + margin else 0
+
+    def settle(self, every=4, hold=2):
+        """After ``update``: search every ``every`` targets; adopt a result ``hold`` searches
+        in a row gave (``found``, what the experts use)."""
+        if self.k % every == 0:
+            got = self.seasons()
+            self.held = self.held + 1 if got == self.cand else 1
+            self.cand = got
+            if self.held >= hold:
+                self.found = got
+        return self.found
 
 
 def _detect(y, max_period, window=500):
@@ -131,3 +145,45 @@ def test_channels_and_slots_apart():
         s = pd.update(s, jnp.array([[v], [v]]), jnp.array([True, False]), 500)
     f, _ = pd.periods(s)
     assert list(np.asarray(f)[:, 0]) == [12, 0] and list(np.asarray(s["k"])) == [200, 0]
+
+
+def test_settle_holds_a_season_until_two_searches_agree():
+    """A season of 12 that turns into one of 7 half-way, noisy enough that single searches flip:
+    every step's adopted seasons equal numpy's reading of the rule (search every 4 targets,
+    adopt what 2 searches in a row gave), a result that one search gave and the next did not
+    never reaches ``found``, and both seasons are adopted in turn."""
+    rng = np.random.default_rng(7)
+    t = np.arange(400)
+    y = np.where(t < 200, np.sin(2 * np.pi * t / 12), np.sin(2 * np.pi * t / 7)) + 0.6 * rng.standard_normal(400)
+    update = jax.jit(pd.update, static_argnums=3)
+    settle = jax.jit(pd.settle)
+    s, ref = pd.init(1, 1, 30, jnp.float64), NpPeriod(30, 60)
+    got, want, searches = [], [], []            # searches: (step, what numpy's search gave)
+    for i, v in enumerate(y):
+        s = settle(update(s, jnp.array([[v]]), jnp.array([True]), 60), jnp.array([True]))
+        ref.update(v)
+        if ref.k % 4 == 0:
+            searches.append((i, ref.seasons()))
+        want.append(ref.settle())
+        got.append(tuple(int(np.asarray(p)[0, 0]) for p in pd.found(s)))
+    assert got == want
+    raw = [r for _, r in searches]
+    assert any(b != a and b != c for a, b, c in zip(raw, raw[1:], raw[2:])), "single searches should flip"
+    at = {i: j for j, (i, _) in enumerate(searches)}
+    for i in range(1, len(got)):
+        if got[i] != got[i - 1]:                # adopted at a search that repeats the one before
+            assert i in at and at[i] >= 1 and raw[at[i]] == raw[at[i] - 1] == got[i]
+    assert 12 in {f for f, _ in got[:200]} and 7 in {f for f, _ in got[200:]}
+
+
+def test_a_wandering_cycle_is_no_season():
+    """Cycles of 9 to 14 steps (as the sunspots' years): once 8 cycles are seen they correlate
+    at one cycle but not at two, so no season is reported; the same series with every cycle
+    12 steps long reports 12."""
+    rng = np.random.default_rng(5)
+    lengths = rng.integers(9, 15, 40)
+    wander = np.concatenate([np.sin(np.pi * np.arange(n) / n) ** 2 for n in lengths])[:400]
+    fixed = np.tile(np.sin(np.pi * np.arange(12) / 12) ** 2, 34)[:400]
+    for y, want in [(wander, 0), (fixed, 12)]:
+        first, _, r = _detect((y + 0.05 * rng.standard_normal(400))[:, None], 40)
+        assert first[0] == want, (first, r[:30, 0].round(2))
