@@ -23,6 +23,7 @@ from .. import wire
 from ..learner.bank import SlotBank
 from ..learner.checkpoint import CheckpointDir
 from ..learner.labels import LabelError
+from ..learner.mixture_upgrade import fit_checkpoint
 from ..recipe.build import build_learner
 from .answers import Answers
 from .config import EngineConfig
@@ -381,10 +382,12 @@ class EngineCore:
         """Load the newest good checkpoint, if any. Returns its header (or None)."""
         if not self.ckpt:
             return None
-        path, arrays, header, errors = self.ckpt.latest_good(self.learner.signature())
+        path, arrays, header, errors = self.ckpt.latest_good()
         self.resume_errors = errors
         if path is None:
             return None
+        # another kind of experts' mixture (an older release's default) resumes all but the mixture
+        arrays = fit_checkpoint(path, self.learner.signature(), header, arrays, self.learner.state_dict())
         self.learner.load_state_dict(arrays)
         extra = header.get("extra", {})
         self.steps, self.version = int(extra.get("steps", 0)), int(extra.get("version", 0))
