@@ -169,7 +169,8 @@ def test_two_streams_interleaved_on_one_client_are_numbered_per_stream(work, clo
     finally:
         stop(proc)
     assert seqs == [t for t in range(K) for _ in range(2)]
-    assert [(r["stream"], r["seq"]) for r in replies] == [(s, t) for t in range(K) for s in ("s0", "s1")]
+    for s in ("s0", "s1"):              # each stream's replies in its own order (the two may interleave any way)
+        assert [r["seq"] for r in replies if r["stream"] == s] == list(range(K))
     for r in replies:                   # each stream's samples stepped once each, in order
         np.testing.assert_allclose(r.pred, ref[(r["stream"], r["seq"])], rtol=1e-5, atol=1e-6)
     assert [(r["stream"], r["seq"]) for r in more] == [("s1", K), ("s0", K)]
