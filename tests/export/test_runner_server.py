@@ -18,7 +18,7 @@ from streamtrace import wire
 from streamtrace.engine.config import load_config
 from streamtrace.engine.core import EngineCore
 from streamtrace.export.write import export_learner
-from streamtrace.tasks import mackey_glass
+from streamtrace.evaluation.tasks import mackey_glass
 from streamtrace_runner.bank import RunnerBank
 from streamtrace_runner.core import Options, RunnerCore
 from streamtrace_runner.runtime import Runner
