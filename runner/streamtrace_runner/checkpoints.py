@@ -22,7 +22,7 @@ import numpy as np
 from .digest import sha256
 
 __all__ = ["CheckpointError", "write_checkpoint", "read_checkpoint", "checkpoint_bytes", "loads_checkpoint",
-           "CheckpointDir"]
+           "CheckpointDir", "position_extra", "position_of"]
 
 FORMAT = "streamtrace-checkpoint"
 VERSION = 1
@@ -199,6 +199,23 @@ def signature_diff(want: dict, got: dict, limit: int = 6) -> list[str]:
     if len(diffs) > limit:
         diffs = diffs[:limit] + [f"... and {len(diffs) - limit} more"]
     return diffs
+
+
+def position_extra(steps: int, version: int, streams: dict) -> dict:
+    """The ``extra`` an engine's checkpoint (``serve``'s or the runner's) holds beside the state:
+    its step count, weights version and each stream's position (``StreamTable.positions``).
+
+    >>> position_of({"extra": position_extra(12, 3, {"a": [0, 5]})})
+    (12, 3, {'a': [0, 5]})
+    """
+    return {"steps": steps, "version": version, "streams": streams}
+
+
+def position_of(header: dict) -> tuple[int, int, dict]:
+    """(steps, version, stream positions) of a checkpoint ``header`` written with
+    ``position_extra`` (0, 0, {} for what it does not hold)."""
+    extra = header.get("extra", {})
+    return int(extra.get("steps", 0)), int(extra.get("version", 0)), extra.get("streams", {})
 
 
 class CheckpointDir:

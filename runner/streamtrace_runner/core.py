@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import labels, wire
-from .checkpoints import CheckpointDir
+from .checkpoints import CheckpointDir, position_extra, position_of
 from .counters import EngineCounters
 from .stats import stats_snapshot
 from .streams import Refused, StreamTable
@@ -256,7 +256,7 @@ class RunnerCore:
         """The bank's state in ``serve``'s checkpoint format and folder layout (``ckpt-<step>.npz``)."""
         if not self.ckpt:
             return None
-        extra = {"steps": self.steps, "version": self.version, "streams": self.table.positions()}
+        extra = position_extra(self.steps, self.version, self.table.positions())
         path = self.ckpt.save(self.steps, self.bank.state_dict(), self.bank.signature(), extra)
         self._since_ckpt = 0
         self.metrics.count("checkpoints")
@@ -271,8 +271,7 @@ class RunnerCore:
         if path is None:
             return None
         self.bank.load_state_dict(arrays)
-        extra = header.get("extra", {})
-        self.steps, self.version = int(extra.get("steps", 0)), int(extra.get("version", 0))
-        self.table.restore(extra.get("streams", {}), self.clock())
+        self.steps, self.version, streams = position_of(header)
+        self.table.restore(streams, self.clock())
         self.weights.published = None
         return {"path": str(path), **header}

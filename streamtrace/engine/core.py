@@ -21,6 +21,7 @@ import numpy as np
 
 from .. import wire
 from ..learner.bank import SlotBank
+from ..checkpoints import position_extra, position_of
 from ..learner.checkpoint import CheckpointDir
 from ..learner.labels import LabelError
 from ..learner.mixture_upgrade import fit_checkpoint
@@ -372,7 +373,7 @@ class EngineCore:
             return None
         # queued messages are not in the saved state yet: record each stream's position as
         # the first message the checkpoint does not hold
-        extra = {"steps": self.steps, "version": self.version, "streams": self.table.positions()}
+        extra = position_extra(self.steps, self.version, self.table.positions())
         path = self.ckpt.save(self.steps, self.learner.state_dict(), self.learner.signature(), extra)
         self._since_ckpt = 0
         self.metrics.count("checkpoints")
@@ -389,9 +390,8 @@ class EngineCore:
         # another kind of experts' mixture (an older release's default) resumes all but the mixture
         arrays = fit_checkpoint(path, self.learner.signature(), header, arrays, self.learner.state_dict())
         self.learner.load_state_dict(arrays)
-        extra = header.get("extra", {})
-        self.steps, self.version = int(extra.get("steps", 0)), int(extra.get("version", 0))
-        self.table.restore(extra.get("streams", {}), self.clock())
+        self.steps, self.version, streams = position_of(header)
+        self.table.restore(streams, self.clock())
         self._published_params = None
         return {"path": str(path), **header}
 
