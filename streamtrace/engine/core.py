@@ -388,7 +388,7 @@ class EngineCore:
         if path is None:
             return None
         # another kind of experts' mixture (an older release's default) resumes all but the mixture
-        arrays = fit_checkpoint(path, self.learner.signature(), header, arrays, self.learner.state_dict())
+        arrays = fit_checkpoint(path, self.learner.signature(), header, arrays, self.learner.state_dict)
         self.learner.load_state_dict(arrays)
         self.steps, self.version, streams = position_of(header)
         self.table.restore(streams, self.clock())

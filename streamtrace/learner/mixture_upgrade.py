@@ -29,12 +29,12 @@ def _without_mixture(signature: dict) -> dict:
     return out
 
 
-def fit_checkpoint(path, want: dict, header: dict, arrays: dict, fresh: dict) -> dict:
+def fit_checkpoint(path, want: dict, header: dict, arrays: dict, fresh) -> dict:
     """The arrays to load from a checkpoint (``arrays``, its ``header``) into a learner of
-    signature ``want`` whose current state is ``fresh`` (``state_dict()``).
+    signature ``want`` whose current state ``fresh()`` gives (its ``state_dict``).
 
     A checkpoint that fits is returned as it is. One that differs only in its experts' mixture
-    gets the mixture's arrays from ``fresh`` and a line in ``header["warnings"]``; any other
+    gets the mixture's arrays from ``fresh()`` and a line in ``header["warnings"]``; any other
     difference raises ``CheckpointError`` naming it, as ``check_signature`` does.
 
     Parameters
@@ -45,8 +45,9 @@ def fit_checkpoint(path, want: dict, header: dict, arrays: dict, fresh: dict) ->
         The learner's ``signature()``.
     header, arrays : dict
         What ``read_checkpoint`` returned for it.
-    fresh : dict
-        The learner's ``state_dict()`` to take the mixture's state from.
+    fresh : callable
+        Returns the learner's ``state_dict()`` to take the mixture's state from (called only
+        for a checkpoint of another mixture).
 
     Examples
     --------
@@ -62,7 +63,7 @@ def fit_checkpoint(path, want: dict, header: dict, arrays: dict, fresh: dict) ->
     >>> _ = old.save(path)
     >>> new = learner(st.experts(period=12))                  # another kind of mixture
     >>> arrays, header = read_checkpoint(path)
-    >>> named = fit_checkpoint(path, new.signature(), header, arrays, new.state_dict())
+    >>> named = fit_checkpoint(path, new.signature(), header, arrays, new.state_dict)
     >>> new.load_state_dict(named)
     >>> bool(np.array_equal(new.params["out.W"], old.params["out.W"])), len(header["warnings"])
     (True, 1)
@@ -79,7 +80,7 @@ def fit_checkpoint(path, want: dict, header: dict, arrays: dict, fresh: dict) ->
             check_signature(path, _without_mixture(want), {**header, "signature": _without_mixture(got)}, kept)
         except CheckpointError:
             raise whole from None
-    named = {**{n: a for n, a in fresh.items() if _is_mixture(n)}, **kept}
+    named = {**{n: a for n, a in fresh().items() if _is_mixture(n)}, **kept}
     header.setdefault("warnings", []).append(
         f"{path}: the experts' mixture in this checkpoint is of another kind (settings or layout); "
         f"resumed everything else, the mixture starts afresh")
