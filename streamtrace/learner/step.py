@@ -510,16 +510,22 @@ class StepFunctions:
     def _rollout(self, state, h, x, first=None):
         """Predictions of the next ``horizon`` values from hidden state h and input x (user
         units), with the weights as they are now; no learning. Each prediction is fed back as
-        the next input. ``first``: h has already taken x and made this prediction."""
+        the next input. ``first``: h has already taken x and made this prediction.
+
+        A prediction fed back is taken as if it had arrived: the signal transforms observe it
+        (a normaliser's statistics move with each value), so the model sees each fed-back
+        value encoded as a real one would be. Without that, a rollout of the default learner
+        on Mackey-Glass was 20x worse at lead 2 than stepping it on its own prediction."""
         params, sig, T = self.from_block(state["params"]), self._signal(state), self.transform
         preds = [] if first is None else [first]
-        if first is not None:
-            x = self._feed_back(x, first)
+        every = jnp.ones(x.shape[:1], bool)
         while len(preds) < self.cfg.horizon:
+            if preds:
+                x = self._feed_back(x, preds[-1])
+                sig = T.observe(sig, x, None, every) if sig else sig
             z = T.encode(sig, x)
             out, h = self._vplain(params, h, z)
             preds.append(T.decode(sig, x, self._head(state, out, z)[0]))
-            x = self._feed_back(x, preds[-1])
         return preds
 
     def _predict(self, state, x, active):
