@@ -66,7 +66,7 @@ __all__ = ["Experts", "experts", "EXPERTS"]
 EXPERTS = ("model", "persistence", "mean", "seasonal", "linear")
 # the state's layout, in describe() (so in a checkpoint's signature): a checkpoint of another
 # layout is refused by name ("combine.state: expected ..."), not by a list of arrays
-STATE = "aux-1: linear 9 regressors, seasons settled"
+STATE = "aux-2: linear 7 regressors on changes, seasons settled"
 
 
 class Experts:
@@ -149,7 +149,7 @@ class Experts:
     def _linear(self, s):
         """The linear expert's regressors (N, C, D) for the next target."""
         p, q = self._seasons(s)
-        return lagged_rls.features(s["linear"], p, q, s["mean"])
+        return lagged_rls.features(s["linear"], p, q)
 
     def _seasonal(self, s):
         """The seasonal naive forecast (N, C) and (N, C) whether it exists: y_{t-period}, or with a

@@ -51,7 +51,7 @@ def np_mixture(model, targets, *, forecast, period=None, eta=ETA, window=WINDOW,
         return out
 
     def linear():           # with a season only (it is computed anyway: its features are learnt from)
-        out = np.array([lin[c].predict(mean[c], *seasons(c)) for c in range(C)])
+        out = np.array([lin[c].predict(*seasons(c)) for c in range(C)])
         return np.where([len(hist) >= 3 and seasons(c)[0] > 0 for c in range(C)], out, np.nan)
 
     def preds(m):
@@ -81,7 +81,7 @@ def np_mixture(model, targets, *, forecast, period=None, eta=ETA, window=WINDOW,
     def observe(y):
         nonlocal mean, var
         for c, r in enumerate(lin):
-            r.predict(mean[c], *seasons(c))          # the features the target was forecast from
+            r.predict(*seasons(c))          # the features the target was forecast from
             r.learn(y[c])
         for c, det in enumerate(found):
             det.update(y[c])
@@ -234,7 +234,7 @@ def test_checkpoint_of_another_state_layout_is_refused_by_name(tmp_path, monkeyp
     a.save(tmp_path / "c.ckpt")
     monkeypatch.setattr(experts_module, "STATE", "another layout")
     b = _forecaster(experts(max_period=12, eta=ETA, window=WINDOW))
-    with pytest.raises(CheckpointError, match="combine.state: expected 'another layout', checkpoint has 'aux-1") as e:
+    with pytest.raises(CheckpointError, match="combine.state: expected 'another layout', checkpoint has 'aux-2") as e:
         b.restore(tmp_path / "c.ckpt")
     assert "\n" not in str(e.value)
 

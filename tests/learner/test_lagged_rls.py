@@ -14,33 +14,31 @@ LAM, DELTA, WINDOW = 0.98, 0.1, 30
 
 class NpRLS:
     """The linear expert's equations in numpy, one channel: ``predict`` the next target from the
-    history, the running mean and the seasons, then ``learn`` it."""
+    history and the seasons, then ``learn`` it."""
 
     def __init__(self, depth, lam=LAM, delta=DELTA, window=WINDOW, restart=False):
         self.depth, self.lam, self.window, self.delta, self.restart = depth, lam, window, delta, restart
-        self.w, self.P, self.q, self.hist, self.z = np.zeros(9), np.eye(9) / delta, 0.0, [], None
+        self.w, self.P, self.q, self.hist, self.z = np.zeros(7), np.eye(7) / delta, 0.0, [], None
         self.season = 0                     # the season learnt with (restart: a fresh fit when one is found)
 
     def _diff(self, lag):
         h = self.hist
         return h[-lag] - h[-lag - 1] if 1 <= lag <= self.depth - 1 and len(h) >= lag + 1 else 0.0
 
-    def predict(self, mean, p1, p2):
+    def predict(self, p1, p2):
         h = self.hist
         p1 = min(p1, self.depth - 1)
         self.p1 = p1
         self.s = np.sqrt(self.q + 1e-12 * (1 + (h[-1] if h else 0.0) ** 2))
         lags = [1, 2] + ([p1, p1 + 1, p1 + 2] if p1 else [0, 0, 0]) + [min(p2, self.depth - 1)] + \
             [2 * p1 if p1 and 2 * p1 < self.depth else 0]
-        z = np.array([(h[-1] if h else mean) - mean] + [self._diff(q) for q in lags] + [0.0]) / self.s
-        z[8] = 1.0
-        self.z = z
-        return (h[-1] if h else 0.0) + self.s * self.w @ z
+        self.z = np.array([self._diff(q) for q in lags]) / self.s
+        return (h[-1] if h else 0.0) + self.s * self.w @ self.z
 
     def learn(self, y):
         h, z = self.hist, self.z
         if self.restart and self.p1 and not self.season:
-            self.w, self.P, self.season = np.zeros(9), np.eye(9) / self.delta, self.p1
+            self.w, self.P, self.season = np.zeros(7), np.eye(7) / self.delta, self.p1
         if len(h) >= 2:                      # the RLS step, from the third target on
             k = self.P @ z / (self.lam + z @ self.P @ z)
             self.w = self.w + k * ((y - h[-1]) / self.s - self.w @ z)
@@ -50,25 +48,25 @@ class NpRLS:
         h.append(y)
 
 
-def np_rls(y, mean, p1, p2, depth):
-    """y (T,), mean (T,): the running mean the expert is given before each target; p1, p2 lags."""
+def np_rls(y, p1, p2, depth):
+    """y (T,); p1, p2 lags."""
     r, preds = NpRLS(depth), []
     for t in range(len(y)):
-        preds.append(r.predict(mean[t], p1, p2))
+        preds.append(r.predict(p1, p2))
         r.learn(y[t])
     return np.array(preds), r.w
 
 
-def _run(y, mean, p1, p2, depth):
+def _run(y, p1, p2, depth):
     s = lr.init(1, 1, depth, jnp.float64, delta=DELTA)
 
     @jax.jit
-    def step(s, y, m):
-        z = lr.features(s, jnp.array([[p1]]), jnp.array([[p2]]), m)
+    def step(s, y):
+        z = lr.features(s, jnp.array([[p1]]), jnp.array([[p2]]))
         return lr.update(s, z, y, jnp.array([True]), LAM, WINDOW), lr.predict(s, z)
     preds = []
-    for v, m in zip(y, mean):
-        s, p = step(s, jnp.array([[v]]), jnp.array([[m]]))
+    for v in y:
+        s, p = step(s, jnp.array([[v]]))
         preds.append(float(p[0, 0]))
     return np.array(preds), np.asarray(s["w"])[0, 0]
 
@@ -78,10 +76,8 @@ def test_forecasts_and_weights_equal_numpy(p1, p2):
     rng = np.random.default_rng(p1 + p2)
     t = np.arange(120)
     y = 3 + 0.05 * t + np.sin(2 * np.pi * t / 5) + 0.3 * rng.standard_normal(120)
-    mean = np.cumsum(y) / np.arange(1, 121)
-    mean = np.concatenate([[0.0], mean[:-1]])            # the mean before each target
-    got, w = _run(y, mean, p1, p2, 12)
-    want, w_np = np_rls(y, mean, p1, p2, 12)
+    got, w = _run(y, p1, p2, 12)
+    want, w_np = np_rls(y, p1, p2, 12)
     np.testing.assert_allclose(got, want, rtol=1e-8, atol=1e-9)
     np.testing.assert_allclose(w, w_np, rtol=1e-7, atol=1e-8)
 
@@ -94,7 +90,6 @@ def test_learns_the_seasonal_naive_with_drift():
     rng = np.random.default_rng(0)
     season = rng.standard_normal(6)
     y = np.array([0.2 * i + season[i % 6] for i in range(150)])
-    mean = np.concatenate([[0.0], (np.cumsum(y) / np.arange(1, 151))[:-1]])
-    preds, w = _run(y, mean, 6, 0, 10)
+    preds, w = _run(y, 6, 0, 10)
     late = slice(120, 150)
     assert np.sqrt(np.mean((preds[late] - y[late]) ** 2)) < 0.2 * np.sqrt(np.mean(np.diff(y)[119:149] ** 2))
