@@ -1,7 +1,8 @@
 """The runner's ZeroMQ loop around ``core.RunnerCore``: the sockets of ``serve`` (ROUTER for
 request/reply, PULL for fire-and-forget, PUB for predictions, weights, errors and stats), on
 loopback by default, CURVE when a server key is given. SIGTERM / SIGINT stop the loop; a final
-checkpoint is written on the way out."""
+checkpoint is written on the way out. A data message read while nothing else waits may be
+answered before its step (``core.reply_first``; when, as ``serve`` decides it: reply_first.py)."""
 from __future__ import annotations
 
 import logging
@@ -13,6 +14,7 @@ import zmq
 
 from .core import RunnerCore
 from .receive import recv_message
+from .reply_first import ReplyFirst
 
 __all__ = ["RunnerServer", "Sockets"]
 
@@ -53,6 +55,7 @@ class RunnerServer:
         self.core, self.cfg = core, sockets
         self.ctx = ctx or zmq.Context.instance()
         self._auth, self._stop, self.sockets = None, False, {}
+        self._reply_first = ReplyFirst(core.reply_first)
         try:
             for name, kind in (("router", zmq.ROUTER), ("pull", zmq.PULL), ("pub", zmq.PUB)):
                 if getattr(sockets, name):
@@ -109,10 +112,22 @@ class RunnerServer:
                 else:
                     self.core.metrics.pub_drop(dest)
 
+    def _waiting(self) -> bool:
+        """Whether a message waits on the ROUTER or the PULL socket."""
+        return any(self.sockets[name].getsockopt(zmq.EVENTS) & zmq.POLLIN
+                   for name in ("router", "pull") if name in self.sockets)
+
     def _read(self, sock, routed: bool):
         m = recv_message(sock, routed=routed, max_bytes=self.core.opt.max_message_bytes)
         origin = m.identity if routed else None
-        return self.core.ingest(m.payload, origin) if m.error is None else self.core.reject(origin, *m.error)
+        if m.error is not None:
+            return self.core.reject(origin, *m.error)
+        # nothing else waits: its replies may leave before its step runs (reply_first.py)
+        early = self._reply_first.sender(self._send, quiet=not self._waiting()) if self._reply_first.enabled else None
+        out = self.core.ingest(m.payload, origin, early)
+        if self.core.replied_first:     # did the step hold up a message that came meanwhile?
+            self._reply_first.outcome(self._waiting())
+        return out
 
     def run(self, max_seconds: float | None = None):
         """Answer messages until stopped; then the final checkpoint and the sockets closed."""
