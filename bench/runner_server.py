@@ -3,12 +3,14 @@ one run, the default learner (or ``--config``'s), one stream, the same client
 (``launch.roundtrips``: SensorClient):
 
     python bench/runner_server.py [--steps 2000] [--rounds 3] [--cgroup-mb 48] [--md FILE]
-                                  [--config FILE] [--runner-python DEVICE_VENV/bin/python]
+                                  [--config FILE] [--period-us US] [--runner-python DEVICE_VENV/bin/python]
                                   [--runner NAME=PYTHON[,ARG...]] ...
 
 ``--runner`` (repeatable) measures several runners in the same rounds, each against the same
 round's ``serve`` (e.g. ``before=OLD_VENV/bin/python`` and ``after=NEW_VENV/bin/python``, or
 ``off=VENV/bin/python,--no-reply-first``); without it, one runner of ``--runner-python``.
+``--period-us``: the timed round trips paced, a request every that many microseconds (a sensor
+sampling at that rate), not back to back.
 
 Per round and side, a fresh process: start to first answer (Popen to the first reply a client
 gets, connecting once the ROUTER's ipc socket exists), ``steps`` timed round trips after 200 untimed (median, p99), the peak
@@ -61,7 +63,7 @@ def _peak_rss_mb(pid) -> float:
     return float("nan")
 
 
-def one(side, folder, work, steps, preexec=None, python=sys.executable, args=(), config="") -> dict:
+def one(side, folder, work, steps, preexec=None, python=sys.executable, args=(), config="", period_us=0.0) -> dict:
     """One fresh process of ``side`` ("serve", else a runner of ``python`` with ``args``)."""
     from streamtrace.transport import SensorClient  # noqa: F401 - imported before the clock starts
     from streamtrace.transport.timing import roundtrips
@@ -77,7 +79,7 @@ def one(side, folder, work, steps, preexec=None, python=sys.executable, args=(),
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=preexec)
     try:
         start = _first_answer(proc, sock, t0)
-        rt = roundtrips(sock, steps, None, warmup=200)
+        rt = roundtrips(sock, steps, None, warmup=200, period_us=period_us)
         return {"start_s": start, "rt_p50_us": float(np.median(rt)), "rt_p99_us": float(np.percentile(rt, 99)),
                 "rss_mb": _peak_rss_mb(proc.pid), "pid": proc.pid}
     finally:
@@ -132,6 +134,7 @@ def main():
     ap.add_argument("--runner", action="append", default=[], metavar="NAME=PYTHON[,ARG...]",
                     help="a runner to measure (repeatable): its interpreter and extra `serve` arguments")
     ap.add_argument("--config", default=None, help="the learner's TOML for both (default: the default learner)")
+    ap.add_argument("--period-us", type=float, default=0.0, help="pace the timed round trips (0: back to back)")
     a = ap.parse_args()
     runners = _runners(a)
     config = Path(a.config).read_text() if a.config else ""
@@ -145,10 +148,11 @@ def main():
         for side in rows:
             python, args = runners.get(side, (sys.executable, []))
             rows[side].append(one(side, Path(work) / "default", work, a.steps, python=python, args=args,
-                                  config=config))
+                                  config=config, period_us=a.period_us))
     med = lambda side, k: statistics.median(r[k] for r in rows[side])
     ratio = lambda side, k: statistics.median(r[k] / s[k] for r, s in zip(rows[side], rows["serve"]))
-    lines = [f"runner server vs serve, {a.config or 'default learner'}, one stream, {a.steps} round trips x "
+    paced = f"a request every {a.period_us:g} us" if a.period_us else "back to back"
+    lines = [f"runner server vs serve, {a.config or 'default learner'}, one stream, {a.steps} round trips ({paced}) x "
              f"{a.rounds} rounds, {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs (shared)", "",
              "| | " + " | ".join(runners) + " | serve | " + " | ".join(f"{n} / serve" for n in runners) + " |",
              "|---" * (2 * len(runners) + 2) + "|"]

@@ -45,6 +45,7 @@ class Options:
     stats_every_s: float = 1.0
     predictions: bool = True
     reply_first: bool = True     # answer from the prediction twin before the step, where allowed
+    busy_poll_us: int = 5000     # poll without sleeping between messages this close (0: off; spin.py)
 
 
 class RunnerCore:

@@ -2,7 +2,9 @@
 request/reply, PULL for fire-and-forget, PUB for predictions, weights, errors and stats), on
 loopback by default, CURVE when a server key is given. SIGTERM / SIGINT stop the loop; a final
 checkpoint is written on the way out. A data message read while nothing else waits may be
-answered before its step (``core.reply_first``; when, as ``serve`` decides it: reply_first.py)."""
+answered before its step (``core.reply_first``; when, as ``serve`` decides it: reply_first.py).
+Between messages that come close together the loop polls without sleeping, as ``serve``'s
+(``--busy-poll-us``, spin.py: never with one CPU)."""
 from __future__ import annotations
 
 import logging
@@ -15,6 +17,7 @@ import zmq
 from .core import RunnerCore
 from .receive import recv_message
 from .reply_first import ReplyFirst
+from .spin import BusyPoll
 
 __all__ = ["RunnerServer", "Sockets"]
 
@@ -138,9 +141,14 @@ class RunnerServer:
         clock, every = time.monotonic, self.core.opt.stats_every_s
         next_stats = clock() + every
         deadline = None if max_seconds is None else clock() + max_seconds
+        spin = BusyPoll(self.core.opt.busy_poll_us)
         try:
             while not self._stop:
-                for sock in dict(poller.poll(100)):
+                timeout = spin.timeout_ms(clock(), False)
+                events = dict(poller.poll(timeout))
+                if not events and timeout == 0:
+                    spin.idle_turn()
+                for sock in events:
                     routed = sock is self.sockets["router"]
                     while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN and not self._stop:
                         try:
@@ -148,6 +156,8 @@ class RunnerServer:
                         except zmq.Again:
                             break
                 now = clock()
+                if events:
+                    spin.busy(now)
                 if now >= next_stats:
                     next_stats = now + every
                     self.core.evict_idle(now)

@@ -204,3 +204,9 @@ def test_replies_agree_with_serve_replying_first(folder):
         if want["loss"] is not None or got["loss"] is not None:
             np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-4)
     assert core.counters["replied_first"] == engine.metrics.counters["replied_first"] == T
+
+
+def test_a_bad_busy_poll_window_is_refused_in_one_line(folder):
+    r = subprocess.run([sys.executable, "-m", "streamtrace_runner", "serve", str(folder), "--busy-poll-us", "-1"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--busy-poll-us must be >= 0" in r.stderr
