@@ -21,29 +21,22 @@ import pytest
 import zmq
 
 from streamtrace import wire
+from streamtrace.engine.launch import write_config
 from streamtrace.export.write import export_learner
 from streamtrace_runner.bank import RunnerBank
 from streamtrace_runner.core import Options, RunnerCore
 from streamtrace_runner.runtime import Runner
 
 N_IN, N_OUT, SLOTS, T = 2, 2, 2, 40
-GRU = f"""[model]
-stack = "gru"
-n_in = {N_IN}
-n_hidden = 4
-n_out = {N_OUT}
-[learning]
-mode = "supervised"
-optimizer = "sgd"
-lr = 0.05
-"""
+GRU = {"model": {"stack": "gru", "n_in": N_IN, "n_hidden": 4, "n_out": N_OUT},
+       "learning": {"mode": "supervised", "optimizer": "sgd", "lr": 0.05}}
 F32 = 1e-5      # float32: the twin and the step are compiled apart (their sums in another order)
 
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("reply-first")
-    (tmp / "gru.toml").write_text(GRU)
+    write_config(tmp / "gru.toml", GRU)
     export_learner(tmp / "gru.toml", tmp / "out")
     return tmp / "out"
 
