@@ -161,10 +161,13 @@ class RunnerCore:
             return self._refuse(origin, "no_slot", f"all {self.bank.n} slots are busy; stream '{name}' was "
                                 "not admitted (raise --slots or wait for idle streams)", name, seq)
         self.metrics.count("accepted")
-        out = self._step(st, d, origin, t_recv, send)
+        own_label = st.recent is not None and d["y"] is not None and d["mode"] == "learn"
+        # (a step with its own delayed label answers after it, as serve's, which runs it
+        # through the label's path, not the loop's reply-first one)
+        out = self._step(st, d, origin, t_recv, None if own_label else send)
         if st.recent is not None:
             st.recent.append(seq)
-            if d["y"] is not None and d["mode"] == "learn":      # its own label, applied at once
+            if own_label:        # its own label, applied at once
                 out += self._apply_label(st, name, 0, d["y"], origin, seq, ack=False)
         return out
 
