@@ -27,6 +27,14 @@ def _parser():
     s.add_argument("--park-s", type=float, default=3600.0,
                    help="a stream that left is kept (parked) this long and resumes if it returns (0: off)")
     s.add_argument("--max-parked", type=int, default=256, help="most parked streams, the oldest dropped first")
+    s.add_argument("--no-reply-first", action="store_true",
+                   help="answer each message after its step, never from the prediction twin before it "
+                   "(as serve's engine.reply_first = false; the twin answers first only where the "
+                   "prediction does not depend on the update: supervised, or learning.forecast_before_update)")
+    s.add_argument("--busy-poll-us", type=int, default=5000,
+                   help="after messages at most this far apart, poll without sleeping (no wake-up per "
+                   "message; keeps a CPU busy while a 200 Hz+ sensor sends; never with one CPU; 0: off; "
+                   "as serve's engine.busy_poll_us)")
     s.add_argument("--curve-secret-key-file", default="", help="CURVE: this server's key (zmq certificate)")
     s.add_argument("--curve-authorized-dir", default="", help="CURVE: the client public keys admitted")
     s.add_argument("--allow-any-client", action="store_true", help="CURVE: admit any client key")
@@ -42,6 +50,8 @@ def serve(args) -> int:
     try:
         if args.slots < 1 or args.checkpoint_every < 1 or args.max_parked < 1:
             raise ValueError("--slots, --checkpoint-every and --max-parked must be >= 1")
+        if args.busy_poll_us < 0:
+            raise ValueError("--busy-poll-us must be >= 0 (0: off)")
         if args.weights_every < 0:
             raise ValueError("--weights-every must be >= 0 (0: never)")
         if not (args.park_s >= 0 and args.idle_timeout_s >= 0):
@@ -50,7 +60,8 @@ def serve(args) -> int:
                       park_s=args.park_s, max_parked=args.max_parked,
                       checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
                       # without a PUB socket nothing is published: no weights or predictions made for it
-                      weights_every=args.weights_every if args.pub else 0, predictions=bool(args.pub))
+                      weights_every=args.weights_every if args.pub else 0, predictions=bool(args.pub),
+                      reply_first=not args.no_reply_first, busy_poll_us=args.busy_poll_us)
         core = RunnerCore(RunnerBank(Runner(args.folder), args.slots), opt)
         resumed = core.resume()
         server = RunnerServer(core, Sockets(args.router, args.pull, args.pub, curve_secret_key_file=args.curve_secret_key_file,

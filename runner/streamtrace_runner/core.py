@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import labels, wire
+from .reply_first import allowed as reply_first_allowed
 from .checkpoints import CheckpointDir, position_extra, position_of
 from .counters import EngineCounters
 from .stats import stats_snapshot
@@ -43,6 +44,8 @@ class Options:
     weights_every: int = 100
     stats_every_s: float = 1.0
     predictions: bool = True
+    reply_first: bool = True     # answer from the prediction twin before the step, where allowed
+    busy_poll_us: int = 5000     # poll without sleeping between messages this close (0: off; spin.py)
 
 
 class RunnerCore:
@@ -73,6 +76,12 @@ class RunnerCore:
         self.weights = WeightArrays(bank)
         self._reply = wire.PredictionEncoder()
         self.ckpt = CheckpointDir(options.checkpoint_dir, options.checkpoint_keep) if options.checkpoint_dir else None
+        # reply first (serve's engine.reply_first): where the prediction does not depend on the
+        # step's update and the folder has the prediction twin, a data message given a sender
+        # is answered from the twin and stepped after its reply has left (reply_first.py)
+        self.reply_first = options.reply_first and reply_first_allowed(m["config"]["learning"]) and \
+            "predict" in m.get("programs", {})
+        self.replied_first = False       # the last message's replies went before its step
 
     # the parts' state, under the names the server and the tests know
     streams = property(lambda self: self.table.streams)
@@ -81,11 +90,14 @@ class RunnerCore:
     counters = property(lambda self: self.metrics.counters)
     errors = property(lambda self: self.metrics.errors_by_code)
 
-    def ingest(self, raw: bytes, origin=None) -> list:
-        """One message in; what to send out. Any failure is a refusal (``internal``)."""
+    def ingest(self, raw: bytes, origin=None, send=None) -> list:
+        """One message in; what to send out. Any failure is a refusal (``internal``). ``send``:
+        a sender a data message's replies may go to before its step runs (``reply_first``),
+        which the server passes when nothing else waits on its sockets."""
         self.metrics.count("received")
+        self.replied_first = False
         try:
-            return self._ingest(raw, origin, self.clock())
+            return self._ingest(raw, origin, self.clock(), send)
         except Exception as e:  # noqa: BLE001 - one message must never stop the server
             log.exception("internal error while handling one message (refused as 'internal')")
             return self._refuse(origin, "internal", f"the runner failed to handle this message "
@@ -100,7 +112,7 @@ class RunnerCore:
         self.metrics.count("received")
         return self._refuse(origin, code, message, None, None)
 
-    def _ingest(self, raw, origin, t_recv) -> list:
+    def _ingest(self, raw, origin, t_recv, send) -> list:
         msg = None
         try:
             msg = wire.decode(raw, self.opt.max_message_bytes)
@@ -126,7 +138,7 @@ class RunnerCore:
                 if expected is not None:
                     extra["expected"] = expected
             return self._refuse(origin, e.code, str(e), stream, seq, **extra)
-        return self._accept(data, origin, t_recv)
+        return self._accept(data, origin, t_recv, send)
 
     def _refuse(self, origin, code, message, stream, seq, **extra) -> list:
         self.metrics.error(code)
@@ -138,7 +150,7 @@ class RunnerCore:
         raw = wire.encode(err)
         return [("pub", b"error", raw)] + ([("reply", origin, raw)] if origin is not None else [])
 
-    def _accept(self, d, origin, t_recv) -> list:
+    def _accept(self, d, origin, t_recv, send) -> list:
         name, seq = d["stream"], d["seq"]
         try:
             self.table.check(name, seq, t_recv)
@@ -149,10 +161,13 @@ class RunnerCore:
             return self._refuse(origin, "no_slot", f"all {self.bank.n} slots are busy; stream '{name}' was "
                                 "not admitted (raise --slots or wait for idle streams)", name, seq)
         self.metrics.count("accepted")
-        out = self._step(st, d, origin, t_recv)
+        own_label = st.recent is not None and d["y"] is not None and d["mode"] == "learn"
+        # (a step with its own delayed label answers after it, as serve's, which runs it
+        # through the label's path, not the loop's reply-first one)
+        out = self._step(st, d, origin, t_recv, None if own_label else send)
         if st.recent is not None:
             st.recent.append(seq)
-            if d["y"] is not None and d["mode"] == "learn":      # its own label, applied at once
+            if own_label:        # its own label, applied at once
                 out += self._apply_label(st, name, 0, d["y"], origin, seq, ack=False)
         return out
 
@@ -191,24 +206,38 @@ class RunnerCore:
         return [("reply", origin, wire.encode({"type": "label_ack", "stream": name, "seq": seq,
                                                "loss": loss, "applied": applied}))]
 
-    def _step(self, st, d, origin, t_recv) -> list:
+    def _step(self, st, d, origin, t_recv, send) -> list:
         if self.ckpt and self._since_ckpt >= self.opt.checkpoint_every:
             self.save_checkpoint()
         learns = d["mode"] == "learn" and (not self.supervised or d["y"] is not None or st.recent is not None)
         y = d["y"] if self.supervised else None
-        prediction, loss, applied = self.bank.step(st.slot, d["x"], y, learns)
+        bank = self.bank
+        early = self.replied_first = send is not None and self.reply_first
+        if early:        # the twin's answer (the step's prediction and loss), sent before the step
+            prediction, loss, _ = bank.predict(st.slot, d["x"], y, learns)
+            send(self._answers(d, origin, t_recv, prediction, loss, bank.runner.twin_events, self.steps + 1))
+            self.metrics.count("replied_first")
+        prediction, loss, applied = bank.step(st.slot, d["x"], y, learns)
         self.steps += 1
         self._since_ckpt += 1
         self._since_publish += 1
+        self.metrics.count("steps")
+        self.metrics.count("updates", int(np.any(applied)))
+        out = [] if early else self._answers(d, origin, t_recv, prediction, loss, bank.runner.events, self.steps)
+        if self.opt.weights_every and self._since_publish >= self.opt.weights_every:
+            out.append(("pub", b"weights", self.weights_message("update")))
+        return out
+
+    def _answers(self, d, origin, t_recv, prediction, loss, events, steps) -> list:
+        """The reply and publication of the data message ``d`` from its step's (or the twin's)
+        prediction, loss and per-slot ``events``, counted as ``serve`` counts them."""
         m, name = self.metrics, d["stream"]
-        m.count("steps")
-        m.count("updates", int(np.any(applied)))
-        events = {k: True for k, v in self.bank.runner.events.items() if v[0]} or None
+        events = {k: True for k, v in events.items() if v[0]} or None
         if events:
             m.events(name, events)
         loss = float(loss[0])
         m.loss(name, loss)
-        args = (name, d["seq"], prediction[0], None if loss != loss else loss, self.steps, self.version, d["ts"])
+        args = (name, d["seq"], prediction[0], None if loss != loss else loss, steps, self.version, d["ts"])
         out = []
         if self.opt.predictions:
             signal = d["x"] if d["y"] is None else d["y"]
@@ -217,8 +246,6 @@ class RunnerCore:
             out.append(("reply", origin, self._reply(*args, events=events)))
         m.latency(self.clock() - t_recv)
         m.count("answered")
-        if self.opt.weights_every and self._since_publish >= self.opt.weights_every:
-            out.append(("pub", b"weights", self.weights_message("update")))
         return out
 
     def evict_idle(self, now: float | None = None):

@@ -87,6 +87,8 @@ class Runner:
         self._pred_shape, self._n = tuple(out["prediction"]), out["loss"]
         # per slot, of the last step: the screen found an outlier, the step was undone
         self.events = {"outlier": np.zeros(self._n, bool), "rolled_back": np.zeros(self._n, bool)}
+        # the same, of the last ``predict`` (the twin's: its screen's verdict; nothing rolled back)
+        self.twin_events = {k: v.copy() for k, v in self.events.items()}
         self.steps = 0
         self.load(self.folder / "state.npz" if state is None else state)
 
@@ -172,12 +174,12 @@ class Runner:
     def predict(self, x, y=None, active=None, learn=None):
         """The step's (prediction, loss, applied (False)) without the step: the prediction twin
         (``Programs.predict``), the state untouched; ``step``'s prediction within float rounding
-        (a module compiled apart)."""
+        (a module compiled apart); its per-slot events in ``twin_events``."""
         y = self._no_target if y is None else self._input("y", y)
         active = self._ones if active is None else self._input("active", active)
         learn = self._ones if learn is None else self._input("learn", learn)
         [vec] = self.program("predict")(*self._buffers, self._input("x", x), y, active, learn)
-        return self.decode(self.device.host(vec), events=False)
+        return self.decode(self.device.host(vec), events=self.twin_events)
 
     def label(self, y, age: int, slot: int = 0):
         """Apply the label ``y`` of the step ``age`` steps before ``slot``'s latest (learning.
@@ -193,16 +195,17 @@ class Runner:
         """``slot``'s state back to the initial one (an export of several slots; ``Programs.reset``)."""
         self._kept(list(self.program("reset")(*self._buffers, np.int32(slot))))
 
-    def decode(self, vec, events: bool = True):
+    def decode(self, vec, events: dict | None = None):
         """The step's output vector as (prediction, loss, applied) (``Programs._decode``); the
-        per-slot events (outlier, rolled_back) go to ``self.events``."""
+        per-slot events (outlier, rolled_back) go to ``events`` (default ``self.events``)."""
         n_pred, n = int(np.prod(self._pred_shape)), self._n
         per_slot = self.manifest["outputs"]["per_slot_applied"]
         applied = vec[n_pred + n:n_pred + n + (n if per_slot else 1)] > 0.5
         flags = vec[n_pred + n + (n if per_slot else 1):].reshape(-1, n) > 0.5
         names = {"screen": "outlier", "rollback": "rolled_back"}
-        for key, f in zip(self.manifest["outputs"].get("events", []) if events else (), flags):
-            self.events[names[key]] = f
+        events = self.events if events is None else events
+        for key, f in zip(self.manifest["outputs"].get("events", []), flags):
+            events[names[key]] = f
         return (vec[:n_pred].reshape(self._pred_shape), vec[n_pred:n_pred + self._n],
                 applied if self.manifest["outputs"]["per_slot_applied"] else bool(applied[0]))
 

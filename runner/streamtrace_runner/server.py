@@ -1,7 +1,10 @@
 """The runner's ZeroMQ loop around ``core.RunnerCore``: the sockets of ``serve`` (ROUTER for
 request/reply, PULL for fire-and-forget, PUB for predictions, weights, errors and stats), on
 loopback by default, CURVE when a server key is given. SIGTERM / SIGINT stop the loop; a final
-checkpoint is written on the way out."""
+checkpoint is written on the way out. A data message read while nothing else waits may be
+answered before its step (``core.reply_first``; when, as ``serve`` decides it: reply_first.py).
+Between messages that come close together the loop polls without sleeping, as ``serve``'s
+(``--busy-poll-us``, spin.py: never with one CPU)."""
 from __future__ import annotations
 
 import logging
@@ -13,6 +16,8 @@ import zmq
 
 from .core import RunnerCore
 from .receive import recv_message
+from .reply_first import ReplyFirst
+from .spin import BusyPoll
 
 __all__ = ["RunnerServer", "Sockets"]
 
@@ -53,6 +58,7 @@ class RunnerServer:
         self.core, self.cfg = core, sockets
         self.ctx = ctx or zmq.Context.instance()
         self._auth, self._stop, self.sockets = None, False, {}
+        self._reply_first = ReplyFirst(core.reply_first)
         try:
             for name, kind in (("router", zmq.ROUTER), ("pull", zmq.PULL), ("pub", zmq.PUB)):
                 if getattr(sockets, name):
@@ -109,10 +115,22 @@ class RunnerServer:
                 else:
                     self.core.metrics.pub_drop(dest)
 
+    def _waiting(self) -> bool:
+        """Whether a message waits on the ROUTER or the PULL socket."""
+        return any(self.sockets[name].getsockopt(zmq.EVENTS) & zmq.POLLIN
+                   for name in ("router", "pull") if name in self.sockets)
+
     def _read(self, sock, routed: bool):
         m = recv_message(sock, routed=routed, max_bytes=self.core.opt.max_message_bytes)
         origin = m.identity if routed else None
-        return self.core.ingest(m.payload, origin) if m.error is None else self.core.reject(origin, *m.error)
+        if m.error is not None:
+            return self.core.reject(origin, *m.error)
+        # nothing else waits: its replies may leave before its step runs (reply_first.py)
+        early = self._reply_first.sender(self._send, quiet=not self._waiting()) if self._reply_first.enabled else None
+        out = self.core.ingest(m.payload, origin, early)
+        if self.core.replied_first:     # did the step hold up a message that came meanwhile?
+            self._reply_first.outcome(self._waiting())
+        return out
 
     def run(self, max_seconds: float | None = None):
         """Answer messages until stopped; then the final checkpoint and the sockets closed."""
@@ -123,9 +141,14 @@ class RunnerServer:
         clock, every = time.monotonic, self.core.opt.stats_every_s
         next_stats = clock() + every
         deadline = None if max_seconds is None else clock() + max_seconds
+        spin = BusyPoll(self.core.opt.busy_poll_us)
         try:
             while not self._stop:
-                for sock in dict(poller.poll(100)):
+                timeout = spin.timeout_ms(clock(), False)
+                events = dict(poller.poll(timeout))
+                if not events and timeout == 0:
+                    spin.idle_turn()
+                for sock in events:
                     routed = sock is self.sockets["router"]
                     while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN and not self._stop:
                         try:
@@ -133,6 +156,8 @@ class RunnerServer:
                         except zmq.Again:
                             break
                 now = clock()
+                if events:
+                    spin.busy(now)
                 if now >= next_stats:
                     next_stats = now + every
                     self.core.evict_idle(now)

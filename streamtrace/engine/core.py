@@ -30,6 +30,7 @@ from .answers import Answers
 from .config import EngineConfig
 from .counters import EngineCounters
 from .planner import TickPlanner, subset_sizes
+from .reply_first import allowed as reply_first_allowed
 from .streams import Refused, Stream, StreamTable
 
 __all__ = ["EngineCore", "Stream", "subset_sizes"]
@@ -70,7 +71,8 @@ class EngineCore:
         # reply first: where a prediction does not depend on its step's update, a one-step
         # call's replies may leave after a prediction program, before the step runs (tick)
         lc = cfg.learning
-        self.reply_first = ec.reply_first and (lc.mode == "supervised" or lc.forecast_before_update)
+        self.reply_first = ec.reply_first and reply_first_allowed(
+            {"mode": lc.mode, "forecast_before_update": lc.forecast_before_update})
         self.replied_first = False       # the last tick sent its replies before its update
         self.planner = TickPlanner(self.learner, ec.micro_batch, self.banked, lc.mode == "supervised",
                                    self.reply_first)

@@ -185,3 +185,37 @@ def test_the_reset_program_of_several_slots(tmp_path):
     for x in xs[4:]:
         got, wanted = runner.step(x, x)[0], np.asarray(learner.step(x, x).prediction)
         np.testing.assert_allclose(got, wanted, rtol=F32, atol=1e-6)
+
+
+def _answered_first(core, msgs, engine: bool):
+    """Each message handled as its server's loop does when nothing else waits (a sender for
+    replies that may go before the step): (decoded replies in order, how many went first)."""
+    got, first = [], 0
+    for raw in msgs:
+        early = []
+        if engine:
+            outs = core.ingest(raw, b"o")
+            while core.has_pending():
+                outs += core.tick(early.extend)
+        else:
+            outs = core.ingest(raw, b"o", early.extend)
+        first += sum(kind == "reply" for kind, _, _ in early)
+        got += [wire.decode(r) for kind, _, r in early + outs if kind == "reply"]
+    return got, first
+
+
+def test_reply_first_with_delayed_labels_as_serve(folder):
+    """Replying first (supervised: allowed) with delayed labels: the data messages without
+    their y answered from the twin, the one with its y (its label applied at once) after its
+    step, as ``serve``'s core does; the same replies and counts."""
+    msgs = _messages()
+    engine, runner = _engine(folder), _runner(folder)
+    engine.warmup()
+    (got_e, first_e), (got_r, first_r) = _answered_first(engine, msgs, True), _answered_first(runner, msgs, False)
+    assert [r["type"] for r in got_r] == [r["type"] for r in got_e]
+    data = sum(r["type"] == "prediction" for r in got_e)
+    assert first_r == first_e == runner.counters["replied_first"] == data - 1      # not b's seq 0 (its y given)
+    for r, e in zip(got_r, got_e):
+        if e["type"] == "prediction":
+            np.testing.assert_allclose(wire.unpack_array(r["pred"]), wire.unpack_array(e["pred"]), rtol=F32, atol=1e-6)
+    assert runner.counters["labels"] == engine.metrics.counters["labels"] == 7
