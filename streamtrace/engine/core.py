@@ -351,7 +351,7 @@ class EngineCore:
     def stats_message(self) -> bytes:
         snap = self.metrics.snapshot(len(self.streams), len(self.free))
         learner = self.learner.stats()
-        snap["learner"] = {k: v for k, v in learner.items() if k not in ("prequential_loss", "metrics")}
+        snap["learner"] = {k: v for k, v in learner.items() if k not in ("prequential_loss", "metrics", "seasons")}
         # rolling prequential metrics (user units, time constant metrics.window) per stream
         m = learner["metrics"]
         snap["stream_metrics"] = {name: {k: (int(m[k][st.slot]) if k == "n" else float(m[k][st.slot]))
@@ -361,6 +361,8 @@ class EngineCore:
             if name in snap["stream_metrics"]:
                 snap["stream_metrics"][name].update(per)
         self.metrics.quality(snap["stream_metrics"])
+        if "seasons" in learner:      # per stream and channel: [the season used, the other one found]
+            snap["stream_seasons"] = {name: learner["seasons"][st.slot].tolist() for name, st in self.streams.items()}
         snap["version"] = self.version
         snap["pending"] = self.table.pending                 # queued messages not yet stepped
         snap["parked_streams"] = len(self.parking)

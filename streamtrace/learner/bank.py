@@ -168,12 +168,14 @@ class SlotBank:
 
     def stats(self) -> dict:
         """Counters summed over slots ("step": the most any slot took), per-slot prequential
-        loss and rolling metrics."""
+        loss and rolling metrics, and the seasons in use where the learner reports them."""
         per = [self.one.stats_of(b) for b in self.states]
         out = {k: sum(p[k] for p in per) for k, v in per[0].items() if isinstance(v, int)}
         out["step"] = max(p["step"] for p in per)
         out["prequential_loss"] = np.concatenate([p["prequential_loss"] for p in per])
         out["metrics"] = {k: np.concatenate([p["metrics"][k] for p in per]) for k in per[0]["metrics"]}
+        if "seasons" in per[0]:
+            out["seasons"] = np.concatenate([p["seasons"] for p in per])
         return out
 
 

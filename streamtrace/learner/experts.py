@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from . import flat_state, lagged_rls
 from . import period as seasons
@@ -145,6 +146,24 @@ class Experts:
             return p, jnp.zeros_like(p)
         first, second = seasons.found(s["season"])
         return jnp.where(second > 0, second, first), jnp.where(second > 0, first, 0)
+
+    def seasons_of(self, named: dict):
+        """The seasons the experts use, per slot and channel, from the combiner's state by name
+        (``{"L": .., "n": .., "aux": {..}}``, numpy or jax arrays): an int array (N, C, 2) of
+        (the season the seasonal expert uses, the other one found), 0 where none. A known
+        ``period`` is reported as found from the first step.
+
+        Example::
+
+            >>> import numpy as np
+            >>> e = Experts(period=7)
+            >>> e.seasons_of(e.init(2, 1, np.float32))[:, 0].tolist()
+            [[7, 0], [7, 0]]
+        """
+        if not self.period:
+            raise ValueError("experts: no seasons without a period or max_period")
+        p, q = self._seasons(self.open(named))
+        return np.stack([np.asarray(p), np.asarray(q)], axis=-1).astype(np.int64)
 
     def _linear(self, s):
         """The linear expert's regressors (N, C, D) for the next target."""

@@ -36,6 +36,9 @@ class NamedState:
         The number of slots (1 without slots).
     per_slot : bool
         Whether every slot has weights of its own (a slot axis first on every weight).
+    combine : Experts, optional
+        The learner's experts' mixture: with a season (set or detected) ``stats`` reports the
+        seasons it uses.
 
     Examples
     --------
@@ -51,7 +54,8 @@ class NamedState:
     True
     """
 
-    def __init__(self, layout, store, rolling, n: int, per_slot: bool):
+    def __init__(self, layout, store, rolling, n: int, per_slot: bool, combine=None):
+        self.combine = combine if getattr(combine, "period", None) else None
         self.layout = layout
         self.store = store
         self.rolling = rolling
@@ -148,7 +152,9 @@ class NamedState:
     def stats(self, buffers) -> dict:
         """The counters (summed over slots; ``step`` is the most any slot took with per-slot
         weights), the prequential loss per slot, and the rolling metrics per slot with the
-        screen's and the rollback gate's counts where the learner has them."""
+        screen's and the rollback gate's counts where the learner has them; with a seasonal
+        experts' mixture, ``seasons`` (N, C, 2): the season its seasonal expert uses and the
+        other one found, per slot and channel (0: none yet)."""
         named = self.layout.to_named(buffers, prefix="stats.")
         counters = named["stats.counters"].reshape(-1, len(COUNTERS))
         out = {name: int(counters[:, i].sum()) for i, name in enumerate(COUNTERS) if name != "since_update"}
@@ -165,4 +171,14 @@ class NamedState:
                 per = got[f"{key}.count"].reshape(-1)
                 out[name] = int(per.sum())
                 out["metrics"][name] = per.astype(np.int64)
+        if self.combine is not None:
+            out["seasons"] = self.combine.seasons_of(self._combine_state(buffers))
         return out
+
+    def _combine_state(self, buffers) -> dict:
+        """The experts' mixture's state tree (``L``, ``n``, ``aux`` by dtype) from ``buffers``."""
+        named = self.layout.to_named(buffers, prefix="combine.")
+        if self.per_slot:       # (slots, 1, ...): each slot's own one-slot state, stacked
+            named = {k: v.reshape((-1,) + v.shape[2:]) for k, v in named.items()}
+        aux = {k[len("combine.aux."):]: v for k, v in named.items() if k.startswith("combine.aux.")}
+        return {"L": named["combine.L"], "n": named["combine.n"], "aux": aux}

@@ -192,7 +192,7 @@ class OnlineLearner:
         self.programs = Programs(self.layout, self.fns, init_buffers, slots=self.slots, per_slot=self.per_slot,
                                  pairs=self.pairs, donate=self.donate, horizon=self.horizon,
                                  x=(self.x_shape, self.x_dtype), y=(self.out_shape, self.y_dtype))
-        self.names = NamedState(self.layout, self.fns.store, self.fns.rolling, self.n, self.per_slot)
+        self.names = NamedState(self.layout, self.fns.store, self.fns.rolling, self.n, self.per_slot, combine=combine)
         self.checks = CallChecks(self.slots, (self.x_shape, self.x_dtype), (self.out_shape, self.y_dtype),
                                  needs_target=mode == "supervised" and not self.label_delay, label_delay=self.label_delay)
 
@@ -270,7 +270,10 @@ class OnlineLearner:
         Counters (``step``, ``updates``, ``skipped``, ``rejected``, ``rolled_back``; summed over
         slots with per-slot weights), ``prequential_loss`` per slot (the mean loss of each
         prediction before it was learnt from) and ``metrics``: the rolling prequential
-        ``mse``, ``mae``, ``nrmse`` per slot (time constant ``Metrics(window)``), ``n`` scored.
+        ``mse``, ``mae``, ``nrmse`` per slot (time constant ``Metrics(window)``), ``n`` scored;
+        with an experts' mixture that has a season (``period``, or ``max_period`` detecting it),
+        ``seasons``: an int array (slots, channels, 2) of the season its seasonal expert uses and
+        the other one found (0: none yet).
 
         Returns
         -------
