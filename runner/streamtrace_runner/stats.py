@@ -2,14 +2,15 @@
 counters, latency percentiles, per-stream loss and events (counters.py), the learner's own
 counters summed over slots (``learner``), each stream's rolling prequential metrics
 (``stream_metrics``: mse, mae, nrmse, n, in user units, time constant metrics.window), streams,
-slots_free, parked_streams, version, mode and horizon."""
+slots_free, parked_streams, version, mode and horizon; with a seasonal experts' mixture each
+stream's seasons (``stream_seasons``)."""
 from __future__ import annotations
 
 import numpy as np
 
 from .rolling import summary
 
-__all__ = ["stats_snapshot", "learner_stats"]
+__all__ = ["stats_snapshot", "learner_stats", "seasons_of"]
 
 # the learner's step counters, in the order of its ``stats.counters`` columns (an export's
 # manifest names them; this is the order of exports that do not)
@@ -42,6 +43,28 @@ def learner_stats(named: dict, counters=COUNTERS, window: int = 1000) -> dict:
     return out
 
 
+def seasons_of(aux_int, spec: dict) -> np.ndarray:
+    """The seasons the experts use, (slots, channels, 2): [the season the seasonal expert uses,
+    the other one found] (0: none), from the ``combine.aux.int`` arrays of the slots (slots
+    first) and the manifest's ``seasons`` (a known ``period``, or the ``first`` and ``second``
+    columns per channel), as ``OnlineLearner.stats()["seasons"]``.
+
+    >>> aux = np.array([[0, 12, 0, 5], [0, 12, 24, 5]])
+    >>> seasons_of(aux, {"first": [1], "second": [2]}).tolist()
+    [[[12, 0]], [[24, 12]]]
+    """
+    aux = np.asarray(aux_int)
+    aux = aux.reshape(-1, aux.shape[-1])
+    if "period" in spec:
+        out = np.zeros((len(aux), 1, 2), np.int64)
+        out[..., 0] = spec["period"]
+        return out
+    first, second = aux[:, spec["first"]], aux[:, spec["second"]]
+    use = np.where(second > 0, second, first)
+    other = np.where(second > 0, first, 0)
+    return np.stack([use, other], axis=-1).astype(np.int64)
+
+
 def stats_snapshot(core) -> dict:
     """The stats of a ``core.RunnerCore`` (its metrics, bank, streams), as ``serve``'s engine
     builds them.
@@ -60,7 +83,9 @@ def stats_snapshot(core) -> dict:
     """
     m = core.bank.runner.manifest
     snap = core.metrics.snapshot(len(core.streams), len(core.free))
-    names = [n for n in ("stats.counters", *_ROLL, *(k for k, _ in _EVENTS)) if n in core.bank.runner.map.names]
+    spec = m.get("seasons")
+    aux = ("combine.aux.int",) if spec else ()
+    names = [n for n in ("stats.counters", *_ROLL, *(k for k, _ in _EVENTS), *aux) if n in core.bank.runner.map.names]
     # the slots stepped so far (a fresh slot's counters and metrics are zeros: it adds nothing,
     # and reading it would make its initial state)
     slots = [s for s in range(core.bank.n) if core.bank.slots[s] is not None]
@@ -77,6 +102,9 @@ def stats_snapshot(core) -> dict:
     for name, ev in snap["stream_events"].items():      # beside the metrics, as serve's dashboard reads them
         if name in snap["stream_metrics"]:
             snap["stream_metrics"][name].update(ev)
+    if spec:     # the slots stepped so far, as stream_metrics
+        found = seasons_of(named["combine.aux.int"], spec) if slots else None
+        snap["stream_seasons"] = {name: found[row[st.slot]].tolist() for name, st in core.streams.items() if st.slot in row}
     snap.update(version=core.version, pending=0, parked_streams=len(core.parking),
                 mode=m["config"]["learning"]["mode"], horizon=m["config"]["learning"]["horizon"])
     return snap

@@ -69,6 +69,15 @@ def _weights(learner) -> dict:
     return {"params": params, "state": {n: n for n in learner.predictor_state() if n in names}}
 
 
+def _seasons(learner):
+    """Where the runner reads the seasons its experts use (``Experts.season_columns`` of the
+    ``combine.aux.int`` array), or None: a learner without a seasonal experts' mixture."""
+    combine = learner.fns.combine
+    if combine is None or not hasattr(combine, "season_columns"):
+        return None
+    return combine.season_columns(math.prod(learner.out_shape), learner.y_dtype)
+
+
 def _sha256(folder: Path, modules: list) -> dict:
     return {name: hashlib.sha256((folder / name).read_bytes()).hexdigest() for name in dict.fromkeys(FILES + tuple(modules))}
 
@@ -117,7 +126,7 @@ def export_learner(config, out, target: str = "host", slots: int = 1) -> dict:
             ("x", "y", "active", "learn"), step.ins[len(buffers):])},
         "output": _arg(step.outs[-1]), "outputs": _outputs(learner), "weights": _weights(learner),
         "programs": {p.name: _signature(p, len(buffers)) for p in programs},
-        "label_delay": int(learner.label_delay), "counters": list(COUNTERS), "fixed_from": int(learner.layout.fixed_from),
+        "label_delay": int(learner.label_delay), "counters": list(COUNTERS), "seasons": _seasons(learner), "fixed_from": int(learner.layout.fixed_from),
         "slots": learner.n, "precision": cfg.model.precision, "tanh64_rewritten": sum(p.tanh for p in programs),
         "signature": learner.signature(),
         "config": {k: dataclasses.asdict(getattr(cfg, k)) for k in LEARNER_SECTIONS},

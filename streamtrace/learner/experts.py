@@ -165,6 +165,32 @@ class Experts:
         p, q = self._seasons(self.open(named))
         return np.stack([np.asarray(p), np.asarray(q)], axis=-1).astype(np.int64)
 
+    def season_columns(self, n_out: int, dtype) -> dict | None:
+        """Where ``seasons_of`` reads, for a reader without jax (the exported runner):
+        ``{"period": p}`` for a known period; with detection ``{"first": [..], "second": [..]}``,
+        the columns of the int part of ``aux`` (``aux["int"]``, (N, width)) that hold each
+        channel's first and second season found; None without a season.
+
+        Example::
+
+            >>> import numpy as np
+            >>> Experts(period=7).season_columns(1, np.float32)
+            {'period': 7}
+            >>> cols = Experts(max_period=12).season_columns(2, np.float32)
+            >>> len(cols["first"]), len(cols["second"])
+            (2, 2)
+        """
+        if not self.period:
+            return None
+        if not self.detect:
+            return {"period": self.period}
+        zero = self._aux(1, n_out, dtype)
+        flat = {k: np.asarray(v) for k, v in flat_state.flatten(zero).items()}
+        flat["int"] = np.arange(flat["int"].shape[1])[None]       # each column holding its own index
+        cols = flat_state.unflatten(flat, zero)
+        first, second = seasons.found(cols["season"])
+        return {"first": [int(c) for c in first[0]], "second": [int(c) for c in second[0]]}
+
     def _linear(self, s):
         """The linear expert's regressors (N, C, D) for the next target."""
         p, q = self._seasons(s)

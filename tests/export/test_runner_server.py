@@ -135,8 +135,8 @@ def test_stats_carry_serves_keys_and_per_stream_metrics(folder):
     engine, runner = _engine(), _runner(folder)
     answers(engine, msgs), answers(runner, msgs)
     se, sr = wire.decode(engine.stats_message()), wire.decode(runner.stats_message())
-    # (serve's stream_seasons: the runner does not read the detected seasons yet, docs/devices.md)
-    assert set(sr) - {"runner"} == set(se) - {"batch_sizes", "subset_sizes", "stream_seasons"}
+    assert set(sr) - {"runner"} == set(se) - {"batch_sizes", "subset_sizes"}
+    assert sr["stream_seasons"] == se["stream_seasons"] and set(se["stream_seasons"]) == {"a", "b"}
     for k in ("received", "accepted", "answered", "errors", "steps", "updates", "outliers", "streams", "slots_free"):
         assert sr[k] == se[k], k
     assert sr["outliers"] == 1 and sr["stream_events"] == se["stream_events"] == {"a": {"outliers": 1, "rolled_back": 0}}
