@@ -14,6 +14,7 @@ from .describe import describe_model, describe_optimizer
 from .groups import frozen_params
 from .losses import get_loss
 from .labels import LabelledSteps, LabelResult, checked_label, label_outcome
+from .lead_experts import over_leads
 from .modes import Supervised, mode_parts
 from .named_state import NamedState
 from .old_keywords import frozen_string, translate
@@ -146,6 +147,7 @@ class OnlineLearner:
         reduce = slots.reduce if slots is not None else extra.get("reduce", "mean")
         self.cfg = StepConfig(mode, learn_every, reduce, channels, spec.horizon if spec else 1, metrics.window,
                               self.label_delay, before_update=bool(spec and spec.before_update))
+        combine = over_leads(combine, self.cfg.horizon)     # a horizon: the experts mix every lead
         steps = LabelledSteps if self.label_delay else StepFunctions
         fns = steps(self.algo, get_loss(loss), parts, self.cfg, transform=transform, readout=readout,
                     y_shape=self.out_shape, combine=combine)

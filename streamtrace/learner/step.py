@@ -500,12 +500,15 @@ class StepFunctions:
         return jax.vmap(self.loss_fn)(pred, target.astype(pred.dtype)).astype(losses.dtype)
 
     def _combined(self, state, y_now, scored, seen, preds, keep):
-        """Forecast: the combiner scores the pending forecast on y_now and mixes the next one
-        (the first of ``preds``; a longer horizon's rollout stays the model's)."""
+        """Forecast: the combiner scores the pending forecasts on y_now and mixes the next ones
+        (a horizon's leads by learner/lead_experts.py)."""
         if self.combine is None:
             return state, preds
+        if self.cfg.horizon > 1:
+            cs, mixed = self.combine.forecast_leads(state["combine"], y_now, scored, seen, preds, keep)
+            return {**state, "combine": cs}, mixed
         cs, first = self.combine.forecast(state["combine"], y_now, scored, seen, preds[0], keep)
-        return {**state, "combine": cs}, [first] + list(preds[1:])
+        return {**state, "combine": cs}, [first]
 
     def _rollout(self, state, h, x, first=None):
         """Predictions of the next ``horizon`` values from hidden state h and input x (user
