@@ -55,6 +55,9 @@ good after its warm-up, and with beta < 1 the weights follow the best expert ove
 """
 from __future__ import annotations
 
+import functools
+import operator
+
 import jax
 import jax.numpy as jnp
 
@@ -132,8 +135,32 @@ class Experts:
     def open(self, s) -> dict:
         """The state ``init`` made (``L``, ``n``, ``aux``) with ``aux`` opened into its parts:
         ``last``, ``mean``, ``var``, ``model`` and with a period ``linear`` (and ``season``)."""
+        s = self._open(s)
+        return {**s, "season": self._season(s)} if self.detect else s
+
+    def _open(self, s) -> dict:
+        """``open``, but the detector's state (``season``) left as its flat arrays (its leaves
+        are adjacent in ``aux``: flattening it first gives the same ``aux``), which its step
+        (``_detect``) takes whole."""
         like = jax.eval_shape(lambda: self._aux(1, s["L"].shape[2], s["L"].dtype))
+        if self.detect:
+            like = {**like, "season": jax.eval_shape(flat_state.flatten, like["season"])}
         return {"L": s["L"], "n": s["n"], **flat_state.unflatten(s["aux"], like)}
+
+    def _season(self, s) -> dict:
+        """The detector's state (learner/period.py) from its flat arrays in ``_open``'s state."""
+        like = jax.eval_shape(lambda: seasons.init(1, s["L"].shape[2], self.period, s["L"].dtype))
+        return flat_state.unflatten(s["season"], like)
+
+    def _detect(self, s, y, ok):
+        """The detector's step (its running products, and the search when due) on its flat
+        arrays, under ``lax.cond``: where no slot learns a target it leaves them as they are
+        (as ``update`` and ``settle`` do), and its two dozen small kernels run as one node of
+        the compiled step's graph (see ``forecast``)."""
+        def step(flat):
+            d = seasons.update(self._season({**s, "season": flat}), y, ok, self.window)
+            return flat_state.flatten(seasons.settle(d, ok, *self.search))
+        return jax.lax.cond(jnp.any(ok), step, lambda flat: flat, s["season"])
 
     def _close(self, s) -> dict:
         return {"L": s["L"], "n": s["n"], "aux": flat_state.flatten({k: v for k, v in s.items() if k not in ("L", "n")})}
@@ -143,7 +170,7 @@ class Experts:
         if not self.detect:
             p = jnp.full(s["last"].shape, self.period, jnp.int32)
             return p, jnp.zeros_like(p)
-        first, second = seasons.found(s["season"])
+        first, second = seasons.found(self._season(s))
         return jnp.where(second > 0, second, first), jnp.where(second > 0, first, 0)
 
     def _linear(self, s):
@@ -159,7 +186,8 @@ class Experts:
 
     # ---- the experts and their mixture ------------------------------------------------------
     def _experts(self, s, model):
-        """(N, K, C) predictions of the next target and (N, K, C) whether each can predict."""
+        """The K experts' predictions of the next target and whether each can predict: two
+        lists of K (N, C) arrays."""
         n = s["n"][:, None]
         preds = [model, s["last"], s["mean"]]
         avail = [jnp.isfinite(jnp.sum(model, axis=-1))[:, None], n >= 1, n >= 1]
@@ -167,19 +195,22 @@ class Experts:
             seasonal, has = self._seasonal(s)
             preds += [seasonal, lagged_rls.predict(s["linear"], self._linear(s))]
             avail += [has, (n >= 3) & (self._seasons(s)[0] > 0)]       # the linear one: with a season
-        avail = jnp.stack([jnp.broadcast_to(a, model.shape) for a in avail], axis=1)
-        return jnp.stack(preds, axis=1), avail
+        return preds, [jnp.broadcast_to(a, model.shape) for a in avail]
 
     def mix(self, s, model):
         """The combined prediction (N, C) of ``model`` (N, C) and the simple experts."""
-        preds, avail = self._experts(s, model)
+        if self.period:
+            return self._mix_each(s, model)
+        preds, avail = (jnp.stack(v, axis=1) for v in self._experts(s, model))
         logits = jnp.where(avail, -self.eta * s["L"], -jnp.inf)
         w = jax.nn.softmax(logits, axis=1)
         return jnp.sum(w * jnp.where(avail, preds, 0), axis=1).astype(model.dtype)
 
     def _score(self, s, model, y, scored):
         """Charge every expert its loss on target y (N, C) where ``scored`` (N,)."""
-        preds, avail = self._experts(s, model)
+        if self.period:
+            return self._score_each(s, model, y, scored)
+        preds, avail = (jnp.stack(v, axis=1) for v in self._experts(s, model))
         d = preds - y[:, None, :]
         known = (s["n"] >= 2)[:, None, None]
         scale = s["var"][:, None, :] + 1e-12 * (1.0 + s["mean"][:, None, :] ** 2)
@@ -190,6 +221,46 @@ class Experts:
         loss = jnp.where(avail & jnp.isfinite(loss), loss, jnp.where(jnp.isfinite(asleep), asleep, 0.0))
         tau = jnp.minimum(self.window, self.memory[0] + self.memory[1] * s["n"])[:, None, None]
         L = (1.0 - 1.0 / tau) * s["L"] + loss
+        return {**s, "L": jnp.where(scored[:, None, None], L, s["L"]).astype(s["L"].dtype)}
+
+    def _weights(self, s, avail):
+        """The mixture's weights (K lists of (N, C)): the softmax over the available experts
+        of -eta L (as ``jax.nn.softmax``: exp(x - max) / the sum of those, left to right)."""
+        logits = [jnp.where(a, -self.eta * s["L"][:, k], -jnp.inf) for k, a in enumerate(avail)]
+        top = functools.reduce(jnp.maximum, logits)
+        ex = [jnp.exp(x - top) for x in logits]
+        total = functools.reduce(operator.add, ex)
+        return [x / total for x in ex]
+
+    def _mix_each(self, s, model):
+        """``mix`` expert by expert (see ``_score_each``)."""
+        preds, avail = self._experts(s, model)
+        w = self._weights(s, avail)
+        terms = [wk * jnp.where(a, p, 0) for wk, a, p in zip(w, avail, preds)]
+        return functools.reduce(operator.add, terms).astype(model.dtype)
+
+    def _score_each(self, s, model, y, scored):
+        """``_score`` of the seasonal combiner, expert by expert: elementwise arithmetic on (N, C)
+        arrays that XLA fuses into a few kernels, where stacking the five experts into (N, K, C)
+        and reducing over K makes a kernel of every stack, max and sum (each kernel costs the
+        one-slot step about 0.25 µs, docs/quality.md "The step."); the same operations, each
+        sum left to right as XLA's reduction adds, but fused otherwise: the numbers may differ
+        in the last bit. The combiner without seasons keeps the stacked form (it has 3 experts,
+        and its step was not slower for them)."""
+        preds, avail = self._experts(s, model)
+        known = (s["n"] >= 2)[:, None]
+        scale = s["var"] + 1e-12 * (1.0 + s["mean"] ** 2)
+        d = [p - y for p in preds]
+        w = self._weights(s, avail)
+        e = functools.reduce(operator.add, [wk * jnp.where(a, dk, 0) for wk, a, dk in zip(w, avail, d)])
+        asleep = jnp.where(known, jnp.minimum(e * e / scale, self.clip), 0.0)     # the mixture's loss
+        tau = jnp.minimum(self.window, self.memory[0] + self.memory[1] * s["n"])[:, None]
+        L = []
+        for k, (a, dk) in enumerate(zip(avail, d)):
+            loss = jnp.where(known, jnp.minimum(dk * dk / scale, self.clip), 0.0)
+            loss = jnp.where(a & jnp.isfinite(loss), loss, jnp.where(jnp.isfinite(asleep), asleep, 0.0))
+            L.append((1.0 - 1.0 / tau) * s["L"][:, k] + loss)
+        L = jnp.stack(L, axis=1)
         return {**s, "L": jnp.where(scored[:, None, None], L, s["L"]).astype(s["L"].dtype)}
 
     def _observe(self, s, y, ok):
@@ -203,7 +274,7 @@ class Experts:
         new = {**s, "n": jnp.where(ok, n1, s["n"]), "last": jnp.where(keep, y, s["last"]),
                "mean": jnp.where(keep, mean, s["mean"]), "var": jnp.where(keep, var, s["var"])}
         if self.detect:
-            new["season"] = seasons.settle(seasons.update(s["season"], y, ok, self.window), ok, *self.search)
+            new["season"] = self._detect(s, y, ok)
         if self.period:
             lin = lagged_rls.restart(s["linear"], self._seasons(s)[0], ok) if self.detect else s["linear"]
             new["linear"] = lagged_rls.update(lin, self._linear(s), y, ok, self.lam, self.window)
@@ -214,7 +285,7 @@ class Experts:
         """Supervised step: the mixture's prediction of this step's target from ``model`` (N, *out),
         then learn from the target y where ``ok`` (N,). Returns (state, prediction)."""
         shape, m, t = model.shape, _flat(model), _flat(y)
-        s = self.open(s)
+        s = self._open(s)
         out = self.mix(s, m)
         t = jnp.where(ok[:, None], t, 0).astype(m.dtype)
         s = self._observe(self._score(s, m, t, ok), t, ok)
@@ -224,12 +295,17 @@ class Experts:
         """Forecast step: y_now (N, C) is the target of the pending forecast; charge the experts
         where ``scored``, learn y_now where ``seen``, then mix the model's next forecast ``model``
         (kept as pending where ``keep``). Returns (state, prediction)."""
-        shape, m = model.shape, _flat(model)
-        y = jnp.where(seen[:, None], _flat(y_now), 0).astype(m.dtype)
-        s = self.open(s)
-        s = self._observe(self._score(s, s["model"], y, scored & seen), y, seen)
-        s = {**s, "model": jnp.where(keep[:, None] & jnp.isfinite(m), m, s["model"])}
-        return self._close(s), self.mix(s, m).reshape(shape)
+        def learn(s):
+            shape, m = model.shape, _flat(model)
+            y = jnp.where(seen[:, None], _flat(y_now), 0).astype(m.dtype)
+            s = self._open(s)
+            s = self._observe(self._score(s, s["model"], y, scored & seen), y, seen)
+            s = {**s, "model": jnp.where(keep[:, None] & jnp.isfinite(m), m, s["model"])}
+            return self._close(s), self.mix(s, m).reshape(shape)
+
+        def idle(s):
+            return s, self.mix(self._open(s), _flat(model)).reshape(model.shape)
+        return jax.lax.cond(jnp.any(seen | keep | scored), learn, idle, s) if self.period else learn(s)
 
 
 def _flat(a):
