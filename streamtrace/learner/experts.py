@@ -135,32 +135,8 @@ class Experts:
     def open(self, s) -> dict:
         """The state ``init`` made (``L``, ``n``, ``aux``) with ``aux`` opened into its parts:
         ``last``, ``mean``, ``var``, ``model`` and with a period ``linear`` (and ``season``)."""
-        s = self._open(s)
-        return {**s, "season": self._season(s)} if self.detect else s
-
-    def _open(self, s) -> dict:
-        """``open``, but the detector's state (``season``) left as its flat arrays (its leaves
-        are adjacent in ``aux``: flattening it first gives the same ``aux``), which its step
-        (``_detect``) takes whole."""
         like = jax.eval_shape(lambda: self._aux(1, s["L"].shape[2], s["L"].dtype))
-        if self.detect:
-            like = {**like, "season": jax.eval_shape(flat_state.flatten, like["season"])}
         return {"L": s["L"], "n": s["n"], **flat_state.unflatten(s["aux"], like)}
-
-    def _season(self, s) -> dict:
-        """The detector's state (learner/period.py) from its flat arrays in ``_open``'s state."""
-        like = jax.eval_shape(lambda: seasons.init(1, s["L"].shape[2], self.period, s["L"].dtype))
-        return flat_state.unflatten(s["season"], like)
-
-    def _detect(self, s, y, ok):
-        """The detector's step (its running products, and the search when due) on its flat
-        arrays, under ``lax.cond``: where no slot learns a target it leaves them as they are
-        (as ``update`` and ``settle`` do), and its two dozen small kernels run as one node of
-        the compiled step's graph (see ``forecast``)."""
-        def step(flat):
-            d = seasons.update(self._season({**s, "season": flat}), y, ok, self.window)
-            return flat_state.flatten(seasons.settle(d, ok, *self.search))
-        return jax.lax.cond(jnp.any(ok), step, lambda flat: flat, s["season"])
 
     def _close(self, s) -> dict:
         return {"L": s["L"], "n": s["n"], "aux": flat_state.flatten({k: v for k, v in s.items() if k not in ("L", "n")})}
@@ -170,7 +146,7 @@ class Experts:
         if not self.detect:
             p = jnp.full(s["last"].shape, self.period, jnp.int32)
             return p, jnp.zeros_like(p)
-        first, second = seasons.found(self._season(s))
+        first, second = seasons.found(s["season"])
         return jnp.where(second > 0, second, first), jnp.where(second > 0, first, 0)
 
     def _linear(self, s):
@@ -184,7 +160,6 @@ class Experts:
         p, _ = self._seasons(s)
         return lagged_rls.back(s["linear"], jnp.maximum(p, 1)), (p > 0) & (s["n"][:, None] >= p)
 
-    # ---- the experts and their mixture ------------------------------------------------------
     def _experts(self, s, model):
         """The K experts' predictions of the next target and whether each can predict: two
         lists of K (N, C) arrays."""
@@ -274,7 +249,7 @@ class Experts:
         new = {**s, "n": jnp.where(ok, n1, s["n"]), "last": jnp.where(keep, y, s["last"]),
                "mean": jnp.where(keep, mean, s["mean"]), "var": jnp.where(keep, var, s["var"])}
         if self.detect:
-            new["season"] = self._detect(s, y, ok)
+            new["season"] = seasons.settle(seasons.update(s["season"], y, ok, self.window), ok, *self.search)
         if self.period:
             lin = lagged_rls.restart(s["linear"], self._seasons(s)[0], ok) if self.detect else s["linear"]
             new["linear"] = lagged_rls.update(lin, self._linear(s), y, ok, self.lam, self.window)
@@ -285,7 +260,7 @@ class Experts:
         """Supervised step: the mixture's prediction of this step's target from ``model`` (N, *out),
         then learn from the target y where ``ok`` (N,). Returns (state, prediction)."""
         shape, m, t = model.shape, _flat(model), _flat(y)
-        s = self._open(s)
+        s = self.open(s)
         out = self.mix(s, m)
         t = jnp.where(ok[:, None], t, 0).astype(m.dtype)
         s = self._observe(self._score(s, m, t, ok), t, ok)
@@ -295,17 +270,12 @@ class Experts:
         """Forecast step: y_now (N, C) is the target of the pending forecast; charge the experts
         where ``scored``, learn y_now where ``seen``, then mix the model's next forecast ``model``
         (kept as pending where ``keep``). Returns (state, prediction)."""
-        def learn(s):
-            shape, m = model.shape, _flat(model)
-            y = jnp.where(seen[:, None], _flat(y_now), 0).astype(m.dtype)
-            s = self._open(s)
-            s = self._observe(self._score(s, s["model"], y, scored & seen), y, seen)
-            s = {**s, "model": jnp.where(keep[:, None] & jnp.isfinite(m), m, s["model"])}
-            return self._close(s), self.mix(s, m).reshape(shape)
-
-        def idle(s):
-            return s, self.mix(self._open(s), _flat(model)).reshape(model.shape)
-        return jax.lax.cond(jnp.any(seen | keep | scored), learn, idle, s) if self.period else learn(s)
+        shape, m = model.shape, _flat(model)
+        y = jnp.where(seen[:, None], _flat(y_now), 0).astype(m.dtype)
+        s = self.open(s)
+        s = self._observe(self._score(s, s["model"], y, scored & seen), y, seen)
+        s = {**s, "model": jnp.where(keep[:, None] & jnp.isfinite(m), m, s["model"])}
+        return self._close(s), self.mix(s, m).reshape(shape)
 
 
 def _flat(a):

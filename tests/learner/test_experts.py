@@ -268,11 +268,10 @@ def test_reported_loss_is_the_users_error_in_user_units(combine):
 
 @pytest.mark.parametrize("kw", [pytest.param({"max_period": 12}, marks=pytest.mark.slow), {"period": 12}, {}])
 def test_a_step_where_nothing_arrives_changes_nothing_and_repeats_the_prediction(kw):
-    """The seasonal combiner's step runs under lax.cond (learner/experts.py, ``forecast``): a
-    step where no slot sees, scores or keeps anything must leave every state array as it was,
-    bit for bit, and give the prediction the last step gave for the same model forecast (up
-    to rounding: the conditional's other branch computes it);
-    the slot that does learn must learn as it does alone."""
+    """A step where no slot sees, scores or keeps anything leaves every state array as it
+    was, bit for bit, and gives the prediction the last step gave for the same model forecast;
+    beside a slot that waits, the slot that learns learns as it does alone (the seasonal
+    mixture is computed expert by expert, learner/experts.py ``_score_each``)."""
     e = experts(eta=ETA, window=WINDOW, **kw)
     t = np.arange(80)
     y = np.stack([np.sin(2 * np.pi * t / 12), np.cos(2 * np.pi * t / 12) + 0.1 * t / 80], 1)[..., None]
@@ -285,7 +284,7 @@ def test_a_step_where_nothing_arrives_changes_nothing_and_repeats_the_prediction
     s2, again = forecast(s, y[60], off, off, m, off)
     for a, b in zip(jax.tree_util.tree_leaves(s), jax.tree_util.tree_leaves(s2)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    np.testing.assert_allclose(np.asarray(again), np.asarray(out), rtol=1e-6)   # (the idle branch's own rounding)
+    np.testing.assert_allclose(np.asarray(again), np.asarray(out), rtol=1e-6)
     one = np.array([True, False])                   # slot 0 learns, slot 1 waits
     s3, _ = forecast(s, y[60], one, one, m, one)
     solo = e.init(1, 1, np.float64)
