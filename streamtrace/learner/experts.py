@@ -217,8 +217,8 @@ class Experts:
     def _score_each(self, s, model, y, scored):
         """``_score`` of the seasonal combiner, expert by expert: elementwise arithmetic on (N, C)
         arrays that XLA fuses into a few kernels, where stacking the five experts into (N, K, C)
-        and reducing over K makes a kernel of every stack, max and sum (each kernel costs the
-        one-slot step about 0.25 µs, docs/quality.md "The step."); the same operations, each
+        and reducing over K makes a kernel of every stack, max and sum (and every kernel costs
+        the one-slot step time, docs/quality.md "The step."); the same operations, each
         sum left to right as XLA's reduction adds, but fused otherwise: the numbers may differ
         in the last bit. The combiner without seasons keeps the stacked form (it has 3 experts,
         and its step was not slower for them)."""

@@ -170,8 +170,9 @@ class Layout:
         each write after the one before), not concatenated at once: XLA's CPU runtime runs a
         step's kernels as a graph and hands some to a second thread whenever more than about 7
         are ready together, and a long concatenation's operands (a kernel per leaf) were often
-        ready together at the step's end; a handoff costs a one-slot step 10-20 µs
-        (docs/quality.md, "The step."). A short one costs a kernel less per leaf as it is."""
+        ready together at the step's end; a handoff costs a one-slot step more than the
+        combiner's arithmetic (docs/quality.md, "The step."). A short one costs a kernel less
+        per leaf as it is."""
         packed, alone = self._split(self.treedef.flatten_up_to(tree))
         parts = [[] for _ in self.dtypes]
         for slot, leaf in zip(self.slots, packed):
