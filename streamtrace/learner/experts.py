@@ -55,6 +55,9 @@ good after its warm-up, and with beta < 1 the weights follow the best expert ove
 """
 from __future__ import annotations
 
+import functools
+import operator
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -202,9 +205,9 @@ class Experts:
         p, _ = self._seasons(s)
         return lagged_rls.back(s["linear"], jnp.maximum(p, 1)), (p > 0) & (s["n"][:, None] >= p)
 
-    # ---- the experts and their mixture ------------------------------------------------------
     def _experts(self, s, model):
-        """(N, K, C) predictions of the next target and (N, K, C) whether each can predict."""
+        """The K experts' predictions of the next target and whether each can predict: two
+        lists of K (N, C) arrays."""
         n = s["n"][:, None]
         preds = [model, s["last"], s["mean"]]
         avail = [jnp.isfinite(jnp.sum(model, axis=-1))[:, None], n >= 1, n >= 1]
@@ -212,19 +215,22 @@ class Experts:
             seasonal, has = self._seasonal(s)
             preds += [seasonal, lagged_rls.predict(s["linear"], self._linear(s))]
             avail += [has, (n >= 3) & (self._seasons(s)[0] > 0)]       # the linear one: with a season
-        avail = jnp.stack([jnp.broadcast_to(a, model.shape) for a in avail], axis=1)
-        return jnp.stack(preds, axis=1), avail
+        return preds, [jnp.broadcast_to(a, model.shape) for a in avail]
 
     def mix(self, s, model):
         """The combined prediction (N, C) of ``model`` (N, C) and the simple experts."""
-        preds, avail = self._experts(s, model)
+        if self.period:
+            return self._mix_each(s, model)
+        preds, avail = (jnp.stack(v, axis=1) for v in self._experts(s, model))
         logits = jnp.where(avail, -self.eta * s["L"], -jnp.inf)
         w = jax.nn.softmax(logits, axis=1)
         return jnp.sum(w * jnp.where(avail, preds, 0), axis=1).astype(model.dtype)
 
     def _score(self, s, model, y, scored):
         """Charge every expert its loss on target y (N, C) where ``scored`` (N,)."""
-        preds, avail = self._experts(s, model)
+        if self.period:
+            return self._score_each(s, model, y, scored)
+        preds, avail = (jnp.stack(v, axis=1) for v in self._experts(s, model))
         d = preds - y[:, None, :]
         known = (s["n"] >= 2)[:, None, None]
         scale = s["var"][:, None, :] + 1e-12 * (1.0 + s["mean"][:, None, :] ** 2)
@@ -235,6 +241,46 @@ class Experts:
         loss = jnp.where(avail & jnp.isfinite(loss), loss, jnp.where(jnp.isfinite(asleep), asleep, 0.0))
         tau = jnp.minimum(self.window, self.memory[0] + self.memory[1] * s["n"])[:, None, None]
         L = (1.0 - 1.0 / tau) * s["L"] + loss
+        return {**s, "L": jnp.where(scored[:, None, None], L, s["L"]).astype(s["L"].dtype)}
+
+    def _weights(self, s, avail):
+        """The mixture's weights (K lists of (N, C)): the softmax over the available experts
+        of -eta L (as ``jax.nn.softmax``: exp(x - max) / the sum of those, left to right)."""
+        logits = [jnp.where(a, -self.eta * s["L"][:, k], -jnp.inf) for k, a in enumerate(avail)]
+        top = functools.reduce(jnp.maximum, logits)
+        ex = [jnp.exp(x - top) for x in logits]
+        total = functools.reduce(operator.add, ex)
+        return [x / total for x in ex]
+
+    def _mix_each(self, s, model):
+        """``mix`` expert by expert (see ``_score_each``)."""
+        preds, avail = self._experts(s, model)
+        w = self._weights(s, avail)
+        terms = [wk * jnp.where(a, p, 0) for wk, a, p in zip(w, avail, preds)]
+        return functools.reduce(operator.add, terms).astype(model.dtype)
+
+    def _score_each(self, s, model, y, scored):
+        """``_score`` of the seasonal combiner, expert by expert: elementwise arithmetic on (N, C)
+        arrays that XLA fuses into a few kernels, where stacking the five experts into (N, K, C)
+        and reducing over K makes a kernel of every stack, max and sum (and every kernel costs
+        the one-slot step time, docs/quality.md "The step."); the same operations, each
+        sum left to right as XLA's reduction adds, but fused otherwise: the numbers may differ
+        in the last bit. The combiner without seasons keeps the stacked form (it has 3 experts,
+        and its step was not slower for them)."""
+        preds, avail = self._experts(s, model)
+        known = (s["n"] >= 2)[:, None]
+        scale = s["var"] + 1e-12 * (1.0 + s["mean"] ** 2)
+        d = [p - y for p in preds]
+        w = self._weights(s, avail)
+        e = functools.reduce(operator.add, [wk * jnp.where(a, dk, 0) for wk, a, dk in zip(w, avail, d)])
+        asleep = jnp.where(known, jnp.minimum(e * e / scale, self.clip), 0.0)     # the mixture's loss
+        tau = jnp.minimum(self.window, self.memory[0] + self.memory[1] * s["n"])[:, None]
+        L = []
+        for k, (a, dk) in enumerate(zip(avail, d)):
+            loss = jnp.where(known, jnp.minimum(dk * dk / scale, self.clip), 0.0)
+            loss = jnp.where(a & jnp.isfinite(loss), loss, jnp.where(jnp.isfinite(asleep), asleep, 0.0))
+            L.append((1.0 - 1.0 / tau) * s["L"][:, k] + loss)
+        L = jnp.stack(L, axis=1)
         return {**s, "L": jnp.where(scored[:, None, None], L, s["L"]).astype(s["L"].dtype)}
 
     def _observe(self, s, y, ok):

@@ -87,11 +87,11 @@ def back(s, lag):
 
 
 def _pick(ring, lags):
-    """ring[:, lag - 1] (N, C, L) for lags (N, C, L): the ring holds y_{t-1}, y_{t-2}, .. in
-    order, and a one-hot sum reads it (a fused loop where a gather is not)."""
+    """ring[:, lag - 1] (N, C, L) for lags (N, C, L) (0 where a lag is outside 1..depth): the
+    ring holds y_{t-1}, y_{t-2}, .. in order."""
     R = ring.shape[1]
-    hot = jnp.arange(R)[None, :, None, None] == (lags - 1)[:, None]          # (N, R, C, L)
-    return jnp.sum(jnp.where(hot, ring[..., None], 0), axis=1)
+    got = jnp.take_along_axis(jnp.swapaxes(ring, 1, 2), jnp.clip(lags - 1, 0, R - 1), axis=2)
+    return jnp.where((lags >= 1) & (lags <= R), got, 0)
 
 
 def _diffs(s, lags):

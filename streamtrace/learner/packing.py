@@ -73,6 +73,19 @@ def _dtype(leaf) -> np.dtype:
     return np.dtype(jax.dtypes.canonicalize_dtype(dt if dt is not None else np.result_type(leaf)))
 
 
+CHAIN = 16     # a packed buffer of more leaves is written leaf by leaf (Layout.pack)
+
+
+def _join_rows(blocks, shape):
+    """The (rows, width) buffer of ``blocks`` ((row, block) in row order, one per leaf)."""
+    if len(blocks) <= CHAIN:
+        return jnp.concatenate([b for _, b in blocks], axis=0)
+    buf = jnp.zeros(shape, blocks[0][1].dtype)
+    for row, block in blocks:
+        buf = jax.lax.dynamic_update_slice(buf, block, (row, 0))
+    return buf
+
+
 class Layout:
     """Static description of a pytree of arrays as per-dtype (rows, width) buffers, plus the
     leaves of at least ``standalone`` elements as buffers of their own, and last the leaves
@@ -151,12 +164,20 @@ class Layout:
         return flat.reshape(slot.rows, w)
 
     def pack(self, tree) -> tuple:
-        """Inside or outside jit: tree -> (packed (rows, width) buffers..., standalone leaves...)."""
+        """Inside or outside jit: tree -> (packed (rows, width) buffers..., standalone leaves...).
+
+        A buffer of more than ``CHAIN`` leaves is written leaf by leaf (``dynamic_update_slice``,
+        each write after the one before), not concatenated at once: XLA's CPU runtime runs a
+        step's kernels as a graph and hands some to a second thread whenever more than about 7
+        are ready together, and a long concatenation's operands (a kernel per leaf) were often
+        ready together at the step's end; a handoff costs a one-slot step more than the
+        combiner's arithmetic (docs/quality.md, "The step."). A short one costs a kernel less
+        per leaf as it is."""
         packed, alone = self._split(self.treedef.flatten_up_to(tree))
         parts = [[] for _ in self.dtypes]
         for slot, leaf in zip(self.slots, packed):
-            parts[slot.buffer].append(self._block(slot, leaf))
-        return tuple(jnp.concatenate(p, axis=0) for p in parts) + tuple(
+            parts[slot.buffer].append((slot.row, self._block(slot, leaf)))
+        return tuple(_join_rows(p, shape) for p, shape in zip(parts, self.shapes)) + tuple(
             jnp.asarray(a, dt) for a, (_, dt) in zip(alone, self._alone_meta))
 
     def _view(self, buf, slot):

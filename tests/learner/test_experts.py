@@ -264,3 +264,32 @@ def test_reported_loss_is_the_users_error_in_user_units(combine):
     assert scored[-50:].all() and not scored[:20].any()     # after the normaliser's warm-up
     want = np.mean((preds[:-1] - xs[1:]) ** 2, axis=1)
     np.testing.assert_allclose(losses[1:][scored[1:]], want[scored[1:]], rtol=1e-9)
+
+
+@pytest.mark.parametrize("kw", [pytest.param({"max_period": 12}, marks=pytest.mark.slow), {"period": 12}, {}])
+def test_a_step_where_nothing_arrives_changes_nothing_and_repeats_the_prediction(kw):
+    """A step where no slot sees, scores or keeps anything leaves every state array as it
+    was, bit for bit, and gives the prediction the last step gave for the same model forecast;
+    beside a slot that waits, the slot that learns learns as it does alone (the seasonal
+    mixture is computed expert by expert, learner/experts.py ``_score_each``)."""
+    e = experts(eta=ETA, window=WINDOW, **kw)
+    t = np.arange(80)
+    y = np.stack([np.sin(2 * np.pi * t / 12), np.cos(2 * np.pi * t / 12) + 0.1 * t / 80], 1)[..., None]
+    forecast = jax.jit(e.forecast)
+    on, off = np.array([True, True]), np.array([False, False])
+    s = e.init(2, 1, np.float64)
+    for i in range(60):
+        m = 0.9 * y[i]
+        s, out = forecast(s, y[i], np.array([i > 0] * 2), on, m, on)
+    s2, again = forecast(s, y[60], off, off, m, off)
+    for a, b in zip(jax.tree_util.tree_leaves(s), jax.tree_util.tree_leaves(s2)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    np.testing.assert_allclose(np.asarray(again), np.asarray(out), rtol=1e-6)
+    one = np.array([True, False])                   # slot 0 learns, slot 1 waits
+    s3, _ = forecast(s, y[60], one, one, m, one)
+    solo = e.init(1, 1, np.float64)
+    for i in range(61):
+        solo, _ = forecast(solo, y[i][:1], np.array([i > 0]), np.array([True]), 0.9 * y[min(i, 59)][:1], np.array([True]))
+    for a, b, c in zip(jax.tree_util.tree_leaves(s3), jax.tree_util.tree_leaves(s), jax.tree_util.tree_leaves(solo)):
+        np.testing.assert_array_equal(np.asarray(a)[1], np.asarray(b)[1])
+        np.testing.assert_allclose(np.asarray(a)[0], np.asarray(c)[0], rtol=1e-5, atol=1e-6)
