@@ -147,13 +147,11 @@ class OnlineLearner:
         reduce = slots.reduce if slots is not None else extra.get("reduce", "mean")
         self.cfg = StepConfig(mode, learn_every, reduce, channels, spec.horizon if spec else 1, metrics.window,
                               self.label_delay, before_update=bool(spec and spec.before_update))
-        combine = over_leads(combine, self.cfg.horizon)     # a horizon: the experts mix every lead
         steps = LabelledSteps if self.label_delay else StepFunctions
+        combine = over_leads(combine, self.cfg.horizon)     # a horizon: the experts mix every lead
         fns = steps(self.algo, get_loss(loss), parts, self.cfg, transform=transform, readout=readout,
                     y_shape=self.out_shape, combine=combine)
-        if screen is not None:
-            fns = Screened(fns, screen)
-        self.fns = fns
+        self.fns = fns if screen is None else Screened(fns, screen)
         self.horizon = self.cfg.horizon
         self.slots = None if slots is None else slots.n
         self.n = self.slots or 1
