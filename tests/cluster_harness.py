@@ -106,6 +106,18 @@ def status(url: str, creds=None) -> dict:
     return asyncio.run(look())
 
 
+def live_worker(url: str, worker: str, timeout_s: float = 30.0) -> dict:
+    """``worker``'s heartbeat as status lists it, once it is live (a worker just resumed from a
+    pause, on a loaded machine, may take a few heartbeats); fails after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        ws = status(url)["workers"]
+        if worker in ws or time.monotonic() > deadline:
+            assert worker in ws, f"worker {worker} not live after {timeout_s} s: {sorted(ws)}"
+            return ws[worker]
+        time.sleep(0.5)
+
+
 def wait_balanced(url: str, workers: int, timeout_s: float = 60.0, creds=None) -> dict:
     """Partition counts per owner once every partition is owned by one of ``workers`` live
     workers and the spread is even (max - min <= 1); fails after ``timeout_s``."""

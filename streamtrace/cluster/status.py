@@ -31,7 +31,12 @@ async def gather(nc) -> dict:
             try:
                 info = await js.consumer_info(L.LOG_STREAM, f"p{k}-e{v['epoch']}")
                 lag, acked = info.num_pending + info.num_ack_pending, info.ack_floor.stream_seq
-            except NotFoundError:
+                # the lease again, read after the ack floor: an owner acks only what a committed
+                # checkpoint covers, so the checkpoint shown is never older than the acks shown
+                # (read before them, a commit and its ack in between showed acks past it)
+                again = json.loads((await leases.get(lease_key(k))).value)
+                v = again if again["epoch"] == v["epoch"] else v
+            except (NotFoundError, KeyNotFoundError):
                 pass
         parts.append({"partition": k, "owner": v["owner"] or "-", "epoch": v["epoch"], "checkpoint_seq": v["seq"],
                       "checkpoint_age_s": round(now - v["ckpt_t"], 1) if v.get("ckpt_t") else None,

@@ -211,7 +211,7 @@ def test_workers_match_one_engine_through_kill9_and_a_zombie(server, tmp_path):
         H.send_steps(client, data, 30, 36)
         got.update(H.collect(client, want - set(got)))
         time.sleep(2 * H.TTL)
-        zombie = H.status(server.url)["workers"][ids[1]]["counters"]
+        zombie = H.live_worker(server.url, ids[1])["counters"]
         assert zombie["leases_lost"] >= 1, zombie          # it found out by a refused compare-and-set
         codes = H.terminate(workers[1:])
         assert codes == [0, 0], codes

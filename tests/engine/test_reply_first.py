@@ -81,11 +81,8 @@ WAVES = [[0]] * T + [[0, 1, 2, 3, 4]] * T
 # float64 and the forecast before the update are covered by the default learner's cases (a
 # float64 reservoir); separate GRU cases for them cost the suite ~20 s for nothing new
 @pytest.mark.parametrize("case,slots", [("gru-f32", 8), ("gru-f32", 1)] +
-                         [pytest.param(c, 8, marks=pytest.mark.slow) for c in ("gru-shared", "default")] +
-                         [pytest.param("default-forecast-before", 8, marks=[pytest.mark.slow, pytest.mark.xfail(
-                             strict=False, reason="open: with season detection on by default, the loss the "
-                             "prediction twin reports differs from the step's in its last bit (reply 12, its "
-                             "prediction equal); passes with combine.max_period = 0")])])
+                         [pytest.param(c, 8, marks=pytest.mark.slow) for c in ("gru-shared", "default",
+                                                                                "default-forecast-before")])
 def test_replies_and_state_equal_the_plain_engine(case, slots, monkeypatch):
     plain = EngineCore(config(case, slots, reply_first=False))
     plain.warmup()
