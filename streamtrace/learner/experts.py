@@ -142,8 +142,9 @@ class Experts:
     def _close(self, s) -> dict:
         return {"L": s["L"], "n": s["n"], "aux": flat_state.flatten({k: v for k, v in s.items() if k not in ("L", "n")})}
 
-    def _seasons(self, s):
-        """(N, C) the season the seasonal expert uses and the other one found (0: none)."""
+    def in_use(self, s):
+        """(N, C) the season the seasonal expert uses and the other one found (0: none), of the
+        opened state ``s`` (``open``; the experts at later leads read it too)."""
         if not self.detect:
             p = jnp.full(s["last"].shape, self.period, jnp.int32)
             return p, jnp.zeros_like(p)
@@ -165,7 +166,7 @@ class Experts:
         """
         if not self.period:
             raise ValueError("experts: no seasons without a period or max_period")
-        p, q = self._seasons(self.open(named))
+        p, q = self.in_use(self.open(named))
         return np.stack([np.asarray(p), np.asarray(q)], axis=-1).astype(np.int64)
 
     def season_columns(self, n_out: int, dtype) -> dict | None:
@@ -196,13 +197,13 @@ class Experts:
 
     def _linear(self, s):
         """The linear expert's regressors (N, C, D) for the next target."""
-        p, q = self._seasons(s)
+        p, q = self.in_use(s)
         return lagged_rls.features(s["linear"], p, q)
 
     def _seasonal(self, s):
         """The seasonal naive forecast (N, C) and (N, C) whether it exists: y_{t-period}, or with a
         detected period y_{t-p}, p the longer season found so far (per channel)."""
-        p, _ = self._seasons(s)
+        p, _ = self.in_use(s)
         return lagged_rls.back(s["linear"], jnp.maximum(p, 1)), (p > 0) & (s["n"][:, None] >= p)
 
     def _experts(self, s, model):
@@ -214,7 +215,7 @@ class Experts:
         if self.period:
             seasonal, has = self._seasonal(s)
             preds += [seasonal, lagged_rls.predict(s["linear"], self._linear(s))]
-            avail += [has, (n >= 3) & (self._seasons(s)[0] > 0)]       # the linear one: with a season
+            avail += [has, (n >= 3) & (self.in_use(s)[0] > 0)]       # the linear one: with a season
         return preds, [jnp.broadcast_to(a, model.shape) for a in avail]
 
     def mix(self, s, model):
@@ -296,7 +297,7 @@ class Experts:
         if self.detect:
             new["season"] = seasons.settle(seasons.update(s["season"], y, ok, self.window), ok, *self.search)
         if self.period:
-            lin = lagged_rls.restart(s["linear"], self._seasons(s)[0], ok) if self.detect else s["linear"]
+            lin = lagged_rls.restart(s["linear"], self.in_use(s)[0], ok) if self.detect else s["linear"]
             new["linear"] = lagged_rls.update(lin, self._linear(s), y, ok, self.lam, self.window)
         return new
 

@@ -65,8 +65,12 @@ class LeadExperts:
         if not isinstance(horizon, int) or horizon < 2:
             raise ValueError(f"lead experts: horizon must be an integer >= 2; got {horizon!r}")
         self.experts, self.horizon = experts, horizon
-        self.period, self.detect = experts.period, experts.detect
         self.names = LEAD_EXPERTS if experts.period else LEAD_EXPERTS[:3]
+
+    @property
+    def period(self):
+        """The longest season the experts know or detect (None: no seasonal expert)."""
+        return self.experts.period
 
     # ---- what a learner asks of a combiner -------------------------------------------------
     def describe(self) -> dict:
@@ -78,17 +82,11 @@ class LeadExperts:
         leads = {"L": jnp.zeros((n, H - 1, K, n_out), dtype), "ring": ring, "made": ring}
         return {**self.experts.init(n, n_out, dtype), "leads": leads}
 
-    def open(self, s) -> dict:
-        return self.experts.open(_first(s))
-
     def seasons_of(self, named: dict):
         return self.experts.seasons_of(named)
 
     def season_columns(self, n_out: int, dtype):
         return self.experts.season_columns(n_out, dtype)
-
-    def supervised(self, s, model, y, ok):
-        raise ValueError("lead experts: a horizon is forecast mode only")
 
     # ---- the step ---------------------------------------------------------------------------
     def forecast_leads(self, s, y_now, scored, seen, preds, keep):
@@ -120,25 +118,21 @@ class LeadExperts:
         one cannot forecast; ``model`` (N, H-1, C) the rollout."""
         n = e["n"][:, None, None]
         hs = jnp.arange(2, self.horizon + 1)[None, :, None]                 # (1, H-1, 1)
-        out = [jnp.where(jnp.isfinite(model), model, jnp.nan),
+        out = [model,
                jnp.where(n >= 1, jnp.broadcast_to(e["last"][:, None], model.shape), jnp.nan),
                jnp.where(n >= 1, jnp.broadcast_to(e["mean"][:, None], model.shape), jnp.nan)]
         if self.period:
-            p = self.experts._seasons(e)[0][:, None]                         # (N, 1, C)
-            back = jnp.maximum(p, 1) * ((hs + jnp.maximum(p, 1) - 1) // jnp.maximum(p, 1)) - hs + 1
-            ring = e["linear"]["ring"]
-            got = jnp.stack([lagged_rls.back({"ring": ring}, back[:, i]) for i in range(self.horizon - 1)], axis=1)
+            p = self.experts.in_use(e)[0][:, None]                           # (N, 1, C)
+            q = jnp.maximum(p, 1)
+            back = q * ((hs + q - 1) // q) - hs + 1                            # y_{t+h-kp}: back - 1 steps before y_t
+            got = jnp.stack([lagged_rls.back(e["linear"], back[:, i]) for i in range(self.horizon - 1)], axis=1)
             out.append(jnp.where((p > 0) & (n >= back), got, jnp.nan))
         return jnp.stack(out, axis=2).astype(model.dtype)
-
-    def _weights(self, L, avail):
-        logits = jnp.where(avail, -self.experts.eta * L, -jnp.inf)
-        return jax.nn.softmax(logits, axis=2)
 
     def _mix(self, L, fc):
         """(N, H-1, C): each lead's mixture of the forecasts ``fc`` (N, H-1, K, C)."""
         avail = jnp.isfinite(fc)
-        w = self._weights(L, avail)
+        w = jax.nn.softmax(jnp.where(avail, -self.experts.eta * L, -jnp.inf), axis=2)
         return jnp.sum(w * jnp.where(avail, fc, 0), axis=2)
 
     def _score(self, lead, e, y, seen):
