@@ -9,7 +9,6 @@ import numpy as np
 
 from .adam import adam
 from .algorithms import make_algorithm
-from .checkpoint import read_checkpoint, write_checkpoint
 from .describe import describe_model, describe_optimizer
 from .groups import frozen_params
 from .losses import get_loss
@@ -22,8 +21,10 @@ from .optimizers import optimizer_parts
 from .packing import Layout, path_name
 from .programs import PAIR, Programs
 from .result import StepResult
+from .saving import Saving
 from . import rollback
 from .screen import Screened, screen_in
+from .slot_access import SlotAccess
 from .shapes import CallChecks, forecast_channels, model_input, prediction_shape
 from .settings import CompileSettings, Metrics, Slots
 from .step import StepConfig, StepFunctions
@@ -40,7 +41,7 @@ def _value(given, cls, name):
     return given
 
 
-class OnlineLearner:
+class OnlineLearner(SlotAccess, Saving):
     """Online learning, one step per call: predict, then learn from the target.
 
     A model (``st.nn``), an eligibility-trace algorithm, a loss and an optax optimizer,
@@ -481,150 +482,3 @@ class OnlineLearner:
         return (*self.programs.label()(buffers, i, np.int32(age), y), i)
 
     label_result = staticmethod(label_outcome)
-
-    def reset_slot(self, slot: int):
-        """A stream left and another joins: start ``slot`` afresh.
-
-        Fresh hidden state and traces for ``slot`` (and, with per-slot weights, fresh
-        weights); the other slots are untouched.
-
-        Parameters
-        ----------
-        slot : int
-            The slot index, 0..N-1.
-
-        Examples
-        --------
-        >>> import numpy as np, streamtrace as st
-        >>> model = st.nn.Stack("gru", n_in=1, n_hidden=4, n_out=1)
-        >>> L = st.OnlineLearner(model, np.zeros(1, np.float32), slots=2)
-        >>> import jax
-        >>> before = L.read_slot(0)["hidden"]
-        >>> _ = L.step(np.ones((2, 1), np.float32), np.ones((2, 1), np.float32))
-        >>> L.reset_slot(0)
-        >>> all(np.array_equal(a, b) for a, b in zip(jax.tree_util.tree_leaves(before),
-        ...                                          jax.tree_util.tree_leaves(L.read_slot(0)["hidden"])))
-        True
-        """
-        self.buffers = self.programs.reset()(self.buffers, self._slot_index(slot))
-
-    def _slot_index(self, slot: int) -> np.int32:
-        if self.slots is None:
-            raise ValueError("slot access needs a learner with slots")
-        if not 0 <= slot < self.n:
-            raise IndexError(f"slot {slot} out of range 0..{self.n - 1}")
-        return np.int32(slot)
-
-    def read_slot(self, slot: int) -> dict:
-        """One slot's state, to be put back later with ``write_slot``.
-
-        Its hidden state, traces, pending forecast input and loss (with per-slot weights
-        also its weights, optimizer state and counters), as a dict of numpy arrays: to park
-        a stream that pauses, or move it to another slot.
-
-        Parameters
-        ----------
-        slot : int
-            The slot index, 0..N-1.
-
-        Returns
-        -------
-        dict
-
-        Examples
-        --------
-        >>> import numpy as np, streamtrace as st
-        >>> model = st.nn.Stack("gru", n_in=1, n_hidden=4, n_out=1)
-        >>> L = st.OnlineLearner(model, np.zeros(1, np.float32), slots=2)
-        >>> sorted(L.read_slot(0))
-        ['hidden', 'rollback', 'stats', 'traces']
-        """
-        return self.read_slot_of(self.buffers, slot)
-
-    def read_slot_of(self, buffers, slot: int) -> dict:
-        """``read_slot`` of ``buffers``."""
-        return jax.device_get(self.programs.read_slot()(buffers, self._slot_index(slot)))
-
-    def write_slot(self, slot: int, part: dict):
-        """Replace ``slot``'s state with ``part`` (from ``read_slot``); other slots are untouched."""
-        self.buffers = self.write_slot_of(self.buffers, slot, part)
-
-    def write_slot_of(self, buffers, slot: int, part: dict) -> tuple:
-        """``buffers`` with ``slot``'s state replaced by ``part`` (the buffers given are kept:
-        nothing donated); a ValueError if ``part`` does not fit."""
-        i = self._slot_index(slot)
-        program = self.programs.write_slot()
-        want = self.programs.slot_struct()
-        if jax.tree_util.tree_structure(part) != jax.tree_util.tree_structure(want) or any(
-                np.shape(a) != w.shape for a, w in zip(jax.tree_util.tree_leaves(part), jax.tree_util.tree_leaves(want))):
-            raise ValueError("slot state does not match this learner's slot layout (use read_slot of the same learner)")
-        part = jax.tree_util.tree_map(lambda a, w: np.asarray(a, w.dtype), part, want)
-        return program(buffers, i, part)
-
-    # ---- checkpoints ------------------------------------------------------------------
-    def signature(self) -> dict:
-        """What a checkpoint must match: the settings, the packed layout ("state"), and the
-        saved arrays themselves ("state_dict": name, shape, dtype of every ``state_dict()``
-        entry). The arrays do not depend on how the state is stored (one packed weight block
-        or an array per weight), so a checkpoint is checked by them when both sides have them."""
-        return {**self._signature_extra, "state": self.layout.signature(),
-                "state_dict": self.names.array_signature()}
-
-    def save(self, path, extra: dict | None = None):
-        """Write the whole learner state to a checkpoint file, atomically.
-
-        Weights, optimizer state, traces, hidden states and counters, written to a temporary
-        file, synced and renamed over ``path``: a crash leaves the old file or the new one.
-
-        Parameters
-        ----------
-        path : str or os.PathLike
-            The checkpoint file.
-        extra : dict, optional
-            JSON-able values stored in the header (``restore`` returns them).
-
-        Examples
-        --------
-        >>> import numpy as np, streamtrace as st
-        >>> model = st.nn.Stack("gru", n_in=1, n_hidden=4, n_out=1)
-        >>> L = st.OnlineLearner(model, np.zeros(1, np.float32))
-        >>> import pathlib, tempfile
-        >>> path = pathlib.Path(tempfile.mkdtemp()) / "learner.ckpt"
-        >>> _ = L.save(path, extra={"note": "day 1"})
-        >>> path.exists()
-        True
-        """
-        return write_checkpoint(path, self.state_dict(), self.signature(), extra)
-
-    def restore(self, path) -> dict:
-        """Load a checkpoint written by ``save``: the learner continues exactly from it.
-
-        Refuses (``CheckpointError``) a file of another model or settings, or a corrupted one.
-
-        Parameters
-        ----------
-        path : str or os.PathLike
-            A file written by ``save`` of a learner built the same way.
-
-        Returns
-        -------
-        dict
-            The checkpoint's header; ``header["extra"]`` holds what ``save`` was given.
-
-        Examples
-        --------
-        >>> import numpy as np, streamtrace as st
-        >>> model = st.nn.Stack("gru", n_in=1, n_hidden=4, n_out=1)
-        >>> L = st.OnlineLearner(model, np.zeros(1, np.float32))
-        >>> import pathlib, tempfile
-        >>> path = pathlib.Path(tempfile.mkdtemp()) / "learner.ckpt"
-        >>> _ = L.save(path, extra={"note": "day 1"})
-        >>> _ = L.step(np.ones(1, np.float32), np.ones(1, np.float32))
-        >>> header = L.restore(path)
-        >>> L.stats()["step"], header["extra"]
-        (0, {'note': 'day 1'})
-        """
-        arrays, header = read_checkpoint(path, expect_signature=self.signature())
-        self.load_state_dict(arrays)
-        return header
-
