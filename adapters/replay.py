@@ -171,15 +171,22 @@ class ReplayResult:
     leads: object = None                        # with --horizon: streamtrace.evaluation.leads.LeadScores
 
     def summary(self) -> dict:
+        """The one-line JSON ``replay`` prints: counts, and the scores (with ``--horizon``,
+        ``scored`` counts the forecast origins, ``nrmse`` / ``persistence_nrmse`` are lead 1's
+        and ``leads`` holds every lead's)."""
         clean = lambda v: None if isinstance(v, float) and not math.isfinite(v) else v  # noqa: E731
-        return {"file": self.file, "stream": self.stream, "mode": self.mode, "rows": self.rows, "sent": self.sent,
-                "steps": self.answered, "scored": 0 if self.scored_targets is None else len(self.scored_targets),
-                "bad_rows": len(self.bad_rows), "refused": dict(self.refused), "nrmse": clean(self.nrmse),
-                "mae": clean(self.mae), "persistence_nrmse": clean(self.persistence_nrmse),
-                "nrmse_all": clean(self.nrmse_all), "outliers": self.events["outlier"],
-                "rolled_back": self.events["rolled_back"], "seconds": round(self.seconds, 3)} | \
-            ({} if self.leads is None else {"leads": {"nrmse": self.leads.nrmse, "persistence": self.leads.persistence,
-                                                      "seasonal": self.leads.seasonal, "period": self.leads.period}})
+        head = {"file": self.file, "stream": self.stream, "mode": self.mode, "rows": self.rows, "sent": self.sent,
+                "steps": self.answered}
+        tail = {"bad_rows": len(self.bad_rows), "refused": dict(self.refused), "outliers": self.events["outlier"],
+                "rolled_back": self.events["rolled_back"], "seconds": round(self.seconds, 3)}
+        if self.leads is not None:
+            s = self.leads
+            return head | {"scored": s.origins[1] - s.origins[0], "nrmse": clean(s.nrmse[0]),
+                           "persistence_nrmse": clean(s.persistence[0])} | tail | \
+                {"leads": {"nrmse": s.nrmse, "persistence": s.persistence, "seasonal": s.seasonal, "period": s.period}}
+        return head | {"scored": 0 if self.scored_targets is None else len(self.scored_targets),
+                       "nrmse": clean(self.nrmse), "mae": clean(self.mae),
+                       "persistence_nrmse": clean(self.persistence_nrmse), "nrmse_all": clean(self.nrmse_all)} | tail
 
 
 def _score(result: ReplayResult, rows: Rows, window: int):

@@ -75,7 +75,11 @@ def test_replay_scores_each_lead_against_the_row_it_forecasts(tmp_path, monkeypa
     assert r.leads.origins == (14, 28)
     np.testing.assert_allclose(r.leads.nrmse, [0.0, 0.0], atol=1e-12)
     np.testing.assert_allclose(r.leads.persistence, [1 / std, 2 / std], rtol=1e-12)
-    assert r.summary()["leads"]["nrmse"] == r.leads.nrmse
+    s = r.summary()
+    assert s["leads"]["nrmse"] == r.leads.nrmse
+    # the one-line JSON's own scores are lead 1's, over the 14 origins scored
+    assert s["scored"] == 14 and s["nrmse"] == r.leads.nrmse[0]
+    assert s["persistence_nrmse"] == pytest.approx(1 / std, rel=1e-12)
     # an engine whose horizon is not the one given: said, not scored
     r = replay(path, "ipc:///nowhere", columns=["x"], window=0, horizon=3)
     assert r.leads is None and "not --horizon 3" in r.note
