@@ -2,11 +2,15 @@
 
 ``Saving`` is mixed into ``OnlineLearner``; it uses the learner's settings signature, its
 packed ``layout``, its named view of the state (``names``) and ``state_dict`` /
-``load_state_dict``.
+``load_state_dict``; a checkpoint of another experts' mixture is fitted by
+``mixture_upgrade``.
 """
 from __future__ import annotations
 
+import warnings
+
 from .checkpoint import read_checkpoint, write_checkpoint
+from .mixture_upgrade import fit_checkpoint
 
 __all__ = ["Saving"]
 
@@ -51,6 +55,9 @@ class Saving:
         """Load a checkpoint written by ``save``: the learner continues exactly from it.
 
         Refuses (``CheckpointError``) a file of another model or settings, or a corrupted one.
+        A file whose experts' mixture (``combine``) is of another kind, as an older release's
+        default, resumes everything else; the mixture starts afresh, with a ``UserWarning``
+        (also in ``header["warnings"]``).
 
         Parameters
         ----------
@@ -75,6 +82,9 @@ class Saving:
         >>> L.stats()["step"], header["extra"]
         (0, {'note': 'day 1'})
         """
-        arrays, header = read_checkpoint(path, expect_signature=self.signature())
-        self.load_state_dict(arrays)
+        arrays, header = read_checkpoint(path)
+        named = fit_checkpoint(path, self.signature(), header, arrays, self.state_dict)
+        self.load_state_dict(named)
+        for line in header.get("warnings", []):       # another mixture; other optimizer settings
+            warnings.warn(line, UserWarning, stacklevel=2)
         return header

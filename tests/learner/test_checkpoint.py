@@ -230,3 +230,35 @@ def test_checkpoint_of_other_quality_settings_is_refused(tmp_path, other, named)
         assert np.array_equal(before[k], after[k], equal_nan=True), k
 
 
+
+
+def test_a_checkpoint_of_another_mixture_resumes_all_but_the_mixture_with_a_warning(tmp_path):
+    """An older release's mixture (no season) restores into today's learner (a known season):
+    every array but the mixture's as saved, the mixture's as a fresh learner's, and a warning."""
+    import streamtrace as st
+
+    def make(combine):
+        return st.OnlineLearner(st.nn.Stack("gru", n_in=1, n_hidden=4, n_out=1), np.zeros(1, np.float32),
+                                mode="forecast", combine=combine)
+    old = make(st.experts())
+    for t in range(25):
+        old.step(np.array([np.sin(0.3 * t)], np.float32))
+    old.save(tmp_path / "old.npz")
+    saved = old.state_dict()
+    new = make(st.experts(period=12))
+    fresh = new.state_dict()
+    with pytest.warns(UserWarning, match="mixture .* of another kind"):
+        header = new.restore(tmp_path / "old.npz")
+    got = new.state_dict()
+    rest = [k for k in got if not k.startswith("combine")]
+    mix = [k for k in got if k.startswith("combine")]
+    assert rest and mix and len(header["warnings"]) == 1
+    assert all(np.array_equal(got[k], saved[k]) for k in rest)
+    assert all(np.array_equal(got[k], fresh[k]) for k in mix)
+    assert any(not np.array_equal(saved[k], fresh[k]) for k in rest)      # a change the test can see
+    other = st.OnlineLearner(st.nn.Stack("gru", n_in=1, n_hidden=5, n_out=1), np.zeros(1, np.float32),
+                             mode="forecast", combine=st.experts(period=12))
+    before = other.state_dict()
+    with pytest.raises(CheckpointError):                                  # another model: refused whole
+        other.restore(tmp_path / "old.npz")
+    assert all(np.array_equal(other.state_dict()[k], before[k]) for k in before)
