@@ -18,6 +18,7 @@ from .. import wire
 from ..engine.config import ConfigError, EngineConfig
 from ..engine.core import EngineCore, Stream
 from ..learner.checkpoint import checkpoint_bytes, loads_checkpoint
+from .slot_upgrade import fit_partition, is_mixture_leaf
 
 __all__ = ["Stepper", "worker_config"]
 
@@ -51,6 +52,9 @@ class Stepper:
         sig = {k: v for k, v in L.signature().items() if k not in ("slots", "state", "state_dict")}
         sig["slot_state"] = [[jax.tree_util.keystr(p), list(np.shape(a)), np.asarray(a).dtype.str] for p, a in flat]
         self.signature = sig
+        # a fresh slot's mixture, for a checkpoint of another mixture (slot_upgrade.py)
+        self._fresh_mixture = {j: np.asarray(a) for j, (p, a) in enumerate(flat)
+                               if is_mixture_leaf(jax.tree_util.keystr(p))}
 
     def warmup(self):
         """Compile what a worker uses: the one-busy-slot step (the program ``tick`` picks for
@@ -122,8 +126,11 @@ class Stepper:
 
     def restore(self, raw: bytes, label: str) -> tuple[int, list[str]]:
         """Load a checkpoint from ``snapshot`` into free slots: (log seq it covers, stream names).
-        Raises CheckpointError (another model, damaged) or RuntimeError (no free slot)."""
-        arrays, header = loads_checkpoint(raw, label, self.signature)
+        Raises CheckpointError (another model, damaged) or RuntimeError (no free slot). One of
+        another experts' mixture (an older release's) resumes all else, the mixture afresh,
+        with a logged warning (slot_upgrade.py)."""
+        arrays, header = loads_checkpoint(raw, label)
+        arrays = fit_partition(label, self.signature, header, arrays, self._fresh_mixture)
         extra, core = header["extra"], self.core
         n = self._treedef.num_leaves
         names = []
