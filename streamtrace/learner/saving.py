@@ -40,14 +40,12 @@ class Saving:
 
         Examples
         --------
-        >>> import numpy as np, streamtrace as st
-        >>> model = st.nn.Stack("gru", n_in=1, n_hidden=4, n_out=1)
-        >>> L = st.OnlineLearner(model, np.zeros(1, np.float32))
-        >>> import pathlib, tempfile
-        >>> path = pathlib.Path(tempfile.mkdtemp()) / "learner.ckpt"
-        >>> _ = L.save(path, extra={"note": "day 1"})
-        >>> path.exists()
-        True
+        >>> import numpy as np, pathlib, tempfile, streamtrace as st
+        >>> L = st.OnlineLearner(st.nn.Stack("gru", n_in=1, n_hidden=4, n_out=1), np.zeros(1, np.float32))
+        >>> folder = pathlib.Path(tempfile.mkdtemp())
+        >>> _ = L.save(folder / "day1.ckpt", extra={"note": "day 1"})
+        >>> [p.name for p in folder.iterdir()]
+        ['day1.ckpt']
         """
         return write_checkpoint(path, self.state_dict(), self.signature(), extra)
 
