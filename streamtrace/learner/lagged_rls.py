@@ -4,9 +4,16 @@ Per slot and channel, with d_t = y_t - y_{t-1}, s the changes' running root mean
 that a trend does not inflate) and p1, p2 the seasons found so far (learner/period.py; 0: none, a
 regressor whose lag is 0 or beyond the ring is 0):
 
-    z_t = [ d_{t-1} / s,  d_{t-2} / s,  d_{t-p1} / s,  d_{t-p1-1} / s,  d_{t-p1-2} / s,
-            d_{t-p2} / s,  d_{t-2 p1} / s ]
+    z_t = c( [ d_{t-1} / s,  d_{t-2} / s,  d_{t-p1} / s,  d_{t-p1-1} / s,  d_{t-p1-2} / s,
+               d_{t-p2} / s,  d_{t-2 p1} / s ] )
     prediction   y_{t-1} + s * w^T z_t
+
+where c clips each scaled change to [-2.5, 2.5] (``CLIP``): a level shift is one change of many
+s, which the seasonal lags would otherwise forecast again a season later (and two seasons
+later), as if the jump were part of the season; clipped, it counts as at most a large change.
+On a held-out monthly series whose level jumps by 8 (``bench/short_seasons.py --held-out``,
+level-shift) the default went from 1.123x to 1.043x the best peer; clipping at 2 cost the
+airline series 1.057x, at 3 the shift stayed 1.052x.
 
 so w = 0 is persistence, w = e_3 is the seasonal naive forecast with drift (y_{t-1} + y_{t-p}
 - y_{t-p-1}, SARIMA(0,1,0)(0,1,0)_p); the lags one and two steps after a season pair with the
@@ -32,6 +39,7 @@ import jax.numpy as jnp
 __all__ = ["init", "restart", "back", "scale", "features", "predict", "update", "D"]
 
 D = 7       # regressors
+CLIP = 2.5  # each regressor, a change in units of the changes' RMS, is clipped to +-CLIP
 
 
 def init(n: int, n_out: int, depth: int, dtype, delta: float = 0.1) -> dict:
@@ -128,7 +136,7 @@ def features(s: dict, p1, p2):
     p1, p2 = jnp.minimum(p1, s["ring"].shape[1] - 1), jnp.minimum(p2, s["ring"].shape[1] - 1)
     on = jnp.where(p1 > 0, 1, 0)                                          # (0: no regressor)
     lags = jnp.stack([1 + 0 * p1, 2 + 0 * p1, p1, on * (p1 + 1), on * (p1 + 2), p2, on * 2 * p1], axis=-1)
-    return _diffs(s, lags) / sc[..., None]
+    return jnp.clip(_diffs(s, lags) / sc[..., None], -CLIP, CLIP)
 
 
 def predict(s: dict, z):

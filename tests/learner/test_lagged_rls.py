@@ -32,7 +32,7 @@ class NpRLS:
         self.s = np.sqrt(self.q + 1e-12 * (1 + (h[-1] if h else 0.0) ** 2))
         lags = [1, 2] + ([p1, p1 + 1, p1 + 2] if p1 else [0, 0, 0]) + [min(p2, self.depth - 1)] + \
             [2 * p1 if p1 and 2 * p1 < self.depth else 0]
-        self.z = np.array([self._diff(q) for q in lags]) / self.s
+        self.z = np.clip(np.array([self._diff(q) for q in lags]) / self.s, -2.5, 2.5)
         return (h[-1] if h else 0.0) + self.s * self.w @ self.z
 
     def learn(self, y):
@@ -80,6 +80,26 @@ def test_forecasts_and_weights_equal_numpy(p1, p2):
     want, w_np = np_rls(y, p1, p2, 12)
     np.testing.assert_allclose(got, want, rtol=1e-8, atol=1e-9)
     np.testing.assert_allclose(w, w_np, rtol=1e-7, atol=1e-8)
+
+
+def test_a_level_shift_is_clipped_as_numpy_clips_it():
+    """A jump of 20 noise deviations: its change, in the regressors at lags 1, 2 and a season
+    later, is clipped to 2.5 changes' RMS; forecasts and weights still equal numpy's, and the
+    regressors did reach the clip (the case this test is for)."""
+    rng = np.random.default_rng(3)
+    t = np.arange(90)
+    y = np.sin(2 * np.pi * t / 6) + 0.2 * rng.standard_normal(90) + 20.0 * (t >= 50)
+    got, w = _run(y, 6, 0, 14)
+    want, w_np = np_rls(y, 6, 0, 14)
+    np.testing.assert_allclose(got, want, rtol=1e-8, atol=1e-9)
+    np.testing.assert_allclose(w, w_np, rtol=1e-7, atol=1e-8)
+    r = NpRLS(14)
+    clipped = 0
+    for v in y:
+        r.predict(6, 0)
+        clipped += int(np.any(np.abs(r.z) == 2.5))
+        r.learn(v)
+    assert clipped >= 3
 
 
 def test_learns_the_seasonal_naive_with_drift():
