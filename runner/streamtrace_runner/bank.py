@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .heap import trim
+
 __all__ = ["RunnerBank", "grown_signature"]
 
 
@@ -112,6 +114,7 @@ class RunnerBank:
                 raise ValueError(f"state '{name}' has shape {np.shape(v)}, expected {self.n} slots first")
         self.slots = [self.runner.device_buffers({k: np.asarray(v)[s:s + 1] for k, v in named.items()})
                       for s in range(self.n)]
+        trim()
 
     def signature(self) -> dict:
         """The one-slot signature with n slots first (what ``serve``'s bank writes)."""

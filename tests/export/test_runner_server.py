@@ -211,3 +211,26 @@ def test_a_folder_that_is_not_an_export_is_refused_in_one_line(tmp_path):
     r = subprocess.run([sys.executable, "-m", "streamtrace_runner", "serve", str(tmp_path)],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "not an exported learner" in r.stderr
+
+
+def test_new_streams_start_from_the_initial_state_sharing_its_frozen_weights(folder):
+    # a bank of three: stream 0 on the loaded state, stream 1 on the state read again (its
+    # frozen weights' device buffers shared, not copied), stream 2 never stepped; the oracle
+    # is the folder's state.npz read by numpy and a runner of its own stepped once
+    runner = Runner(folder)
+    bank = RunnerBank(runner, 3)
+    x = np.array([0.3])
+    p0 = bank.step(0, x, None, True)[0]
+    p1 = bank.step(1, x, None, True)[0]
+    fixed = runner.manifest["fixed_from"]
+    assert fixed < len(bank.slots[0])
+    assert all(a is b for a, b in zip(bank.slots[0][fixed:], bank.slots[1][fixed:]))
+    alone = Runner(folder).step(x[None])[0]
+    assert np.array_equal(p0, alone) and np.array_equal(p1, alone)
+    with np.load(Path(folder) / "state.npz", allow_pickle=False) as z:
+        initial = {k: z[k] for k in z.files if k != "__meta__"}
+    fresh = bank.slot_state(2)
+    assert set(fresh) == set(initial)
+    for name, value in initial.items():
+        np.testing.assert_array_equal(fresh[name], value, err_msg=name)
+    assert bank.state_dict()["stats.counters"].shape[0] == 3
