@@ -10,13 +10,13 @@ streams.py: a slot idle for longer than ``idle_timeout_s`` is freed, its state p
 """
 from __future__ import annotations
 
-import logging
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
 from . import labels, wire
+from .lazy_log import LazyLogger
 from .reply_first import allowed as reply_first_allowed
 from .checkpoints import CheckpointDir, position_extra, position_of
 from .counters import EngineCounters
@@ -26,7 +26,7 @@ from .weights import WeightArrays
 
 __all__ = ["RunnerCore", "Options"]
 
-log = logging.getLogger("streamtrace.runner")
+log = LazyLogger("streamtrace.runner")
 
 
 @dataclass

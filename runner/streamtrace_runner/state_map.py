@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from . import npz
+
 __all__ = ["StateMap", "SHIFT"]
 
 SHIFT = 40      # buffers hold fewer than 2**40 values
@@ -122,14 +124,17 @@ class StateMap:
     @classmethod
     def load(cls, folder, buffers: list) -> "StateMap":
         m = cls({}, buffers)
-        with np.load(Path(folder) / cls.FILE, allow_pickle=False) as z:
-            for key in z.files:
-                v = z[key]
-                if key.startswith("@"):
-                    b, start, *shape = (int(i) for i in v)
-                    m._at[key[1:]] = b, slice(start, start + int(np.prod(shape, dtype=np.int64))), tuple(shape)
-                else:
-                    m._at[key] = _compact(v)
+        path = Path(folder) / cls.FILE
+        stored = npz.read(path)
+        if stored is None:
+            with np.load(path, allow_pickle=False) as z:
+                stored = {key: z[key] for key in z.files}
+        for key, v in stored.items():
+            if key.startswith("@"):
+                b, start, *shape = (int(i) for i in v)
+                m._at[key[1:]] = b, slice(start, start + int(np.prod(shape, dtype=np.int64))), tuple(shape)
+            else:
+                m._at[key] = _compact(v)
         return m
 
 

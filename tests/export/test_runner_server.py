@@ -234,3 +234,22 @@ def test_new_streams_start_from_the_initial_state_sharing_its_frozen_weights(fol
     for name, value in initial.items():
         np.testing.assert_array_equal(fresh[name], value, err_msg=name)
     assert bank.state_dict()["stats.counters"].shape[0] == 3
+
+
+def test_serving_imports_no_zipfile_logging_or_tempfile(folder):
+    # resident memory (docs/devices.md "Memory"): a runner that loads its folder, serves two
+    # streams and answers stats has not imported these (with what zipfile imports, ~1.8 MB of
+    # a 40 MB process); a fresh interpreter, as `streamtrace-runner serve` starts
+    code = ("import sys, numpy as np\n"
+            "from streamtrace_runner import cli, server, wire\n"
+            "from streamtrace_runner.bank import RunnerBank\n"
+            "from streamtrace_runner.core import Options, RunnerCore\n"
+            "from streamtrace_runner.runtime import Runner\n"
+            f"core = RunnerCore(RunnerBank(Runner({str(folder)!r}), 2), Options(slots=2))\n"
+            "out = [core.ingest(wire.data_message(s, 0, np.array([0.5])), b'me') for s in 'ab']\n"
+            "assert [wire.decode(r[-1][2])['type'] for r in out] == ['prediction'] * 2, out\n"
+            "core.stats_message()\n"
+            "print(sorted(m for m in ('zipfile', 'logging', 'tempfile', 'shutil', 'lzma') if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"
