@@ -156,9 +156,9 @@ class Runner:
             out.append(self.device.buffer(host.pop()))
         return out
 
-    def host(self, buffers) -> list:
-        """Numpy copies of device buffers."""
-        return [self.device.host(b) for b in buffers]
+    def host(self, buffers, only=None) -> list:
+        """Numpy copies of device buffers; ``only``: of those positions alone (None elsewhere)."""
+        return [self.device.host(b) if only is None or i in only else None for i, b in enumerate(buffers)]
 
     def _input(self, name, value):
         shape, dtype = self._in[name]

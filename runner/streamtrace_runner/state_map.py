@@ -51,9 +51,14 @@ class StateMap:
         """The buffer holding the checkpoint array ``name``."""
         return self._at[name][0]
 
+    def buffers_of(self, names) -> set | None:
+        """The buffers holding the checkpoint arrays ``names`` (None: every name, every buffer)."""
+        return None if names is None else {self._at[n][0] for n in names if n in self._at}
+
     def named(self, buffers, names=None) -> dict:
-        """{checkpoint name: numpy array} of host buffers (``names``: only those)."""
-        flat = [np.asarray(b).reshape(-1) for b in buffers]
+        """{checkpoint name: numpy array} of host buffers (``names``: only those, and only
+        their buffers needed: the others may be None)."""
+        flat = [None if b is None else np.asarray(b).reshape(-1) for b in buffers]
         out = {}
         for name, (b, at, shape) in self._at.items():
             if names is None or name in names:
