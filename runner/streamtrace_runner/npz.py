@@ -57,19 +57,20 @@ def _members(f) -> dict | None:
         (sig, _, _, flags, method, _, _, crc, csize, usize, n, e, c, _, _, _, offset) = _ENTRY.unpack_from(cd, pos)
         name = cd[pos + _ENTRY.size:pos + _ENTRY.size + n].decode("utf-8")
         pos += _ENTRY.size + n + e + c
-        if sig != b"PK\x01\x02" or method != 0 or flags & 1 or _ZIP64 in (csize, usize, offset) or csize != usize:
+        if sig != b"PK\x01\x02" or method != 0 or flags & 1 or _ZIP64 in (csize, usize, offset) or csize != usize \
+                or offset + _LOCAL.size + csize > size:     # (damaged sizes: never a buffer past the file)
             return None
-        array = _member(f, offset, csize, crc)
+        array = _member(f, offset, csize, crc, size)
         if array is None:
             return None
         out[name[:-4] if name.endswith(".npy") else name] = array
     return out
 
 
-def _member(f, offset: int, size: int, crc: int):
+def _member(f, offset: int, size: int, crc: int, file_size: int):
     f.seek(offset)
     sig, *_, n, e = _LOCAL.unpack(f.read(_LOCAL.size))
-    if sig != b"PK\x03\x04":
+    if sig != b"PK\x03\x04" or offset + _LOCAL.size + n + e + size > file_size:
         return None
     f.seek(offset + _LOCAL.size + n + e)
     raw = bytearray(size)           # the array's own memory (writable; malloc's alignment)

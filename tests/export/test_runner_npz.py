@@ -55,3 +55,12 @@ def test_a_flipped_byte_is_none_and_the_checkpoint_refused():
     assert npz.read(io.BytesIO(bytes(raw))) is None
     with pytest.raises(CheckpointError, match="unreadable|checksum"):
         loads_checkpoint(bytes(raw), "damaged")
+
+
+def test_a_member_size_past_the_end_of_the_file_is_none():
+    # a damaged central directory claiming a member far larger than the file: refused before
+    # any buffer of that size is made
+    raw = bytearray(_savez(w=np.arange(8.0)))
+    entry = bytes(raw).rfind(b"PK\x01\x02")
+    raw[entry + 20:entry + 28] = (1 << 31).to_bytes(4, "little") * 2      # compressed, uncompressed size
+    assert npz.read(io.BytesIO(bytes(raw))) is None         # (then read by numpy.load, as it can)
