@@ -14,7 +14,9 @@ sampling at that rate), not back to back.
 
 Per round and side, a fresh process: start to first answer (Popen to the first reply a client
 gets, connecting once the ROUTER's ipc socket exists), ``steps`` timed round trips after 200 untimed (median, p99), the peak
-RSS (VmHWM). Then the runner alone inside a cgroup-v1 memory cgroup of ``--cgroup-mb`` (the
+RSS (VmHWM) and, at the end, its anonymous and file-backed parts (the latter depends on the page
+cache: libraries whose files were just written, as by ``pip install``, are mapped in full
+64 kB windows around each page touched; after a reboot only what was read). Then the runner alone inside a cgroup-v1 memory cgroup of ``--cgroup-mb`` (the
 process and its children; swap off through memory.memsw where the kernel has it): steps
 answered and the cgroup's OOM kills. Ratios: median over rounds of runner / serve.
 """
@@ -56,11 +58,17 @@ def _first_answer(proc, endpoint, t0) -> float:
                 c.numbering.next.pop("first", None)
 
 
-def _peak_rss_mb(pid) -> float:
+def _memory_mb(pid) -> dict:
+    """The peak RSS (VmHWM) and, now, its anonymous part (the process's own: heap, Python's
+    objects, the state) and its file-backed part (the libraries' pages mapped: how many
+    depends on what of them the page cache holds, so it moves from run to run)."""
+    keys = {"VmHWM": "rss_mb", "RssAnon": "anon_mb", "RssFile": "file_mb"}
+    got = dict.fromkeys(keys.values(), float("nan"))
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
+        key, _, value = line.partition(":")
+        if key in keys:
+            got[keys[key]] = int(value.split()[0]) / 1024
+    return got
 
 
 def one(side, folder, work, steps, preexec=None, python=sys.executable, args=(), config="", period_us=0.0) -> dict:
@@ -81,7 +89,7 @@ def one(side, folder, work, steps, preexec=None, python=sys.executable, args=(),
         start = _first_answer(proc, sock, t0)
         rt = roundtrips(sock, steps, None, warmup=200, period_us=period_us)
         return {"start_s": start, "rt_p50_us": float(np.median(rt)), "rt_p99_us": float(np.percentile(rt, 99)),
-                "rss_mb": _peak_rss_mb(proc.pid), "pid": proc.pid}
+                **_memory_mb(proc.pid), "pid": proc.pid}
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
@@ -157,7 +165,8 @@ def main():
              "| | " + " | ".join(runners) + " | serve | " + " | ".join(f"{n} / serve" for n in runners) + " |",
              "|---" * (2 * len(runners) + 2) + "|"]
     for k, name in (("start_s", "start to first answer (s)"), ("rt_p50_us", "round trip p50 (us)"),
-                    ("rt_p99_us", "round trip p99 (us)"), ("rss_mb", "peak RSS (MB)")):
+                    ("rt_p99_us", "round trip p99 (us)"), ("rss_mb", "peak RSS (MB)"),
+                    ("anon_mb", "of it anonymous, at the end (MB)"), ("file_mb", "file-backed, at the end (MB)")):
         lines.append(f"| {name} | " + " | ".join(f"{med(n, k):.3g}" for n in runners) + f" | {med('serve', k):.3g} | "
                      + " | ".join(f"{ratio(n, k):.3f}" for n in runners) + " |")
     lines.append("")

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .heap import trim
+
 __all__ = ["RunnerBank", "grown_signature"]
 
 
@@ -97,12 +99,21 @@ class RunnerBank:
         state = self.slots[slot]
         if state is None:            # read, not kept: a fresh slot stays free of memory
             state = self._loaded if self._loaded is not None else self._fresh()
-        return self.runner.map.named(self.runner.host(state), names)
+        # only the buffers holding ``names`` come to the host (a weights message of the default
+        # learner needs none of the readout's P, 0.76 MB a slot)
+        m = self.runner.map
+        return m.named(self.runner.host(state, m.buffers_of(names)), names)
 
     def state_dict(self, names=None) -> dict:
-        """{checkpoint name: array} with the n slots first; ``names``: only those."""
-        per = [self.slot_state(s, names) for s in range(self.n)]
-        return {k: np.concatenate([p[k] for p in per]) for k in per[0]}
+        """{checkpoint name: array} with the n slots first; ``names``: only those. Filled slot
+        by slot (one slot's host copy at a time, no per-slot list concatenated)."""
+        out = {}
+        for s in range(self.n):
+            for k, v in self.slot_state(s, names).items():
+                if k not in out:
+                    out[k] = np.empty((self.n, *np.shape(v)[1:]), np.asarray(v).dtype)
+                out[k][s:s + 1] = v
+        return out
 
     def load_state_dict(self, named: dict):
         """Every slot's state from arrays with the n slots first; refused (ValueError, nothing
@@ -112,6 +123,7 @@ class RunnerBank:
                 raise ValueError(f"state '{name}' has shape {np.shape(v)}, expected {self.n} slots first")
         self.slots = [self.runner.device_buffers({k: np.asarray(v)[s:s + 1] for k, v in named.items()})
                       for s in range(self.n)]
+        trim()
 
     def signature(self) -> dict:
         """The one-slot signature with n slots first (what ``serve``'s bank writes)."""

@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import io
 import json
-import logging
 import math
 import os
 import re
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
+from . import npz
 from .digest import sha256
+from .lazy_log import LazyLogger
 
 __all__ = ["CheckpointError", "write_checkpoint", "read_checkpoint", "checkpoint_bytes", "loads_checkpoint",
            "CheckpointDir", "position_extra", "position_of"]
@@ -30,7 +30,7 @@ _META = "__meta__"
 # signature parts compared setting by setting; "optimizer" differences only warn (see below)
 _DESCRIBED = ("model", "optimizer")
 
-log = logging.getLogger("streamtrace.checkpoint")
+log = LazyLogger("streamtrace.checkpoint")
 
 
 class CheckpointError(RuntimeError):
@@ -63,6 +63,7 @@ def write_checkpoint(path, arrays: dict, signature: dict, extra: dict | None = N
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     raw = checkpoint_bytes(arrays, signature, extra)
+    import tempfile             # (here: a runner that never writes a checkpoint never imports it)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -95,19 +96,28 @@ def loads_checkpoint(raw: bytes, name: str, expect_signature: dict | None = None
     return _read(io.BytesIO(raw), name, expect_signature)
 
 
+def _members(source, path) -> dict:
+    """{name: array} of the archive (``npz.read``, else ``numpy.load``: what it cannot read)."""
+    got = npz.read(source)
+    if got is not None:
+        return got
+    if hasattr(source, "seek"):
+        source.seek(0)
+    loaded = np.load(source, allow_pickle=False)
+    if not isinstance(loaded, np.lib.npyio.NpzFile):
+        raise CheckpointError(f"{path}: not a streamtrace checkpoint (a bare .npy array, not an archive)")
+    with loaded as z:
+        return {n: z[n] for n in z.files}
+
+
 def _read(source, path, expect_signature):
     try:
-        loaded = np.load(source, allow_pickle=False)
-        if not isinstance(loaded, np.lib.npyio.NpzFile):
-            raise CheckpointError(f"{path}: not a streamtrace checkpoint (a bare .npy array, not an archive)")
-        with loaded as z:
-            names = list(z.files)
-            if _META not in names:
-                raise CheckpointError(f"{path}: not a streamtrace checkpoint (no header)")
-            header = json.loads(bytes(z[_META]).decode())
-            if not isinstance(header, dict):
-                raise CheckpointError(f"{path}: not a streamtrace checkpoint (the header is not a JSON object)")
-            arrays = {n: z[n] for n in names if n != _META}
+        arrays = _members(source, path)
+        if _META not in arrays:
+            raise CheckpointError(f"{path}: not a streamtrace checkpoint (no header)")
+        header = json.loads(bytes(arrays.pop(_META)).decode())
+        if not isinstance(header, dict):
+            raise CheckpointError(f"{path}: not a streamtrace checkpoint (the header is not a JSON object)")
     except CheckpointError:
         raise
     except Exception as e:  # noqa: BLE001 - damaged bytes surface as many exception types

@@ -14,6 +14,7 @@ import numpy as np
 
 from .checkpoints import read_checkpoint, write_checkpoint
 from .digest import file_sha256
+from .heap import trim
 from .state_map import StateMap
 
 __all__ = ["Runner", "RunnerError"]
@@ -90,6 +91,7 @@ class Runner:
         # the same, of the last ``predict`` (the twin's: its screen's verdict; nothing rolled back)
         self.twin_events = {k: v.copy() for k, v in self.events.items()}
         self.steps = 0
+        self._frozen = None         # the initial state's frozen weights on the device, shared (never written)
         self.load(self.folder / "state.npz" if state is None else state)
 
     def program(self, name: str):
@@ -116,12 +118,23 @@ class Runner:
         host = self.map.buffers(arrays)
         del arrays           # (the host copies go one by one as they reach the device: a lower peak)
         self._buffers = self._to_device(host)
+        if initial and self._frozen is None:
+            self._frozen = self._buffers[self._fixed:]
         self.steps = int(header.get("extra", {}).get("step", 0))
+        trim()
 
     def initial_buffers(self) -> list:
-        """Device buffers of the folder's initial state (``state.npz``, read again)."""
+        """Device buffers of the folder's initial state (``state.npz``, read again); its frozen
+        weights' buffers (from the manifest's ``fixed_from`` on) read once and shared by every
+        state made here (no program writes them)."""
         arrays, _ = read_checkpoint(self.folder / "state.npz", expect_signature=self.manifest["signature"])
-        return self._to_device(self.map.buffers(arrays))
+        host = self.map.buffers(arrays, None if self._frozen is None else self._fixed)
+        del arrays
+        out = self._to_device(host)
+        if self._frozen is None:
+            self._frozen = out[self._fixed:]
+        trim()
+        return out[:self._fixed] + self._frozen
 
     @property
     def buffers(self) -> list:
@@ -143,9 +156,9 @@ class Runner:
             out.append(self.device.buffer(host.pop()))
         return out
 
-    def host(self, buffers) -> list:
-        """Numpy copies of device buffers."""
-        return [self.device.host(b) for b in buffers]
+    def host(self, buffers, only=None) -> list:
+        """Numpy copies of device buffers; ``only``: of those positions alone (None elsewhere)."""
+        return [self.device.host(b) if only is None or i in only else None for i, b in enumerate(buffers)]
 
     def _input(self, name, value):
         shape, dtype = self._in[name]

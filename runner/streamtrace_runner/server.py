@@ -7,7 +7,6 @@ Between messages that come close together the loop polls without sleeping, as ``
 (``--busy-poll-us``, spin.py: never with one CPU)."""
 from __future__ import annotations
 
-import logging
 import signal
 import time
 from dataclasses import dataclass
@@ -15,13 +14,14 @@ from dataclasses import dataclass
 import zmq
 
 from .core import RunnerCore
+from .lazy_log import LazyLogger
 from .receive import recv_message
 from .reply_first import ReplyFirst
 from .spin import BusyPoll
 
 __all__ = ["RunnerServer", "Sockets"]
 
-log = logging.getLogger("streamtrace.runner")
+log = LazyLogger("streamtrace.runner")
 
 
 @dataclass

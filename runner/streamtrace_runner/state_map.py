@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from . import npz
+
 __all__ = ["StateMap", "SHIFT"]
 
 SHIFT = 40      # buffers hold fewer than 2**40 values
@@ -38,6 +40,7 @@ class StateMap:
     def __init__(self, positions: dict, buffers: list):
         self.shapes = [(tuple(int(d) for d in shape), np.dtype(dt)) for shape, dt in buffers]
         self._at = {k: _compact(np.asarray(v, np.int64)) for k, v in positions.items()}
+        self._whole_set = None      # (made on first use, once ``load`` has placed every array)
 
     @property
     def names(self) -> list:
@@ -48,29 +51,69 @@ class StateMap:
         """The buffer holding the checkpoint array ``name``."""
         return self._at[name][0]
 
+    def buffers_of(self, names) -> set | None:
+        """The buffers holding the checkpoint arrays ``names`` (None: every name, every buffer)."""
+        return None if names is None else {self._at[n][0] for n in names if n in self._at}
+
     def named(self, buffers, names=None) -> dict:
-        """{checkpoint name: numpy array} of host buffers (``names``: only those)."""
-        flat = [np.asarray(b).reshape(-1) for b in buffers]
+        """{checkpoint name: numpy array} of host buffers (``names``: only those, and only
+        their buffers needed: the others may be None)."""
+        flat = [None if b is None else np.asarray(b).reshape(-1) for b in buffers]
         out = {}
         for name, (b, at, shape) in self._at.items():
             if names is None or name in names:
                 out[name] = flat[b][at].reshape(shape).copy()
         return out
 
-    def buffers(self, named: dict) -> list:
+    def buffers(self, named: dict, upto: int | None = None) -> list:
         """Host buffers holding the checkpoint arrays ``named`` (every name of the map), zeros
-        elsewhere (the packing's padding), each of its buffer's dtype."""
-        missing = sorted(set(self._at) - set(named))
+        elsewhere (the packing's padding), each of its buffer's dtype; ``upto``: only the
+        first ``upto`` buffers (and only the names they hold needed). A buffer that one array
+        fills is that array itself where its dtype is the buffer's (no copy: the caller's
+        array, reshaped), so loading a state holds one host copy of it, not two.
+
+        >>> m = StateMap({"w": np.arange(2) + (1 << SHIFT), "b": np.array([0])}, [((1,), "f8"), ((2,), "f8")])
+        >>> w = np.array([3.0, 4.0]); host = m.buffers({"w": w, "b": np.zeros(1)})
+        >>> host[1] is w or np.shares_memory(host[1], w), len(m.buffers({"b": np.zeros(1)}, upto=1))
+        (True, 1)
+        """
+        upto = len(self.shapes) if upto is None else upto
+        placed = {name: where for name, where in self._at.items() if where[0] < upto}
+        missing = sorted(set(placed) - set(named))
         if missing:
             raise KeyError(f"state is missing {missing[:5]}")
-        host = [np.zeros(shape, dt) for shape, dt in self.shapes]
+        host = [None] * upto
+        for name, (b, at, shape) in placed.items():
+            if b in self._whole():
+                host[b] = self._as_whole(name, named[name], b, shape)
+        for b, (shape, dt) in enumerate(self.shapes[:upto]):
+            if host[b] is None:
+                host[b] = np.zeros(shape, dt)
         flat = [h.reshape(-1) for h in host]
-        for name, (b, at, shape) in self._at.items():
+        for name, (b, at, shape) in placed.items():
+            if b in self._whole():
+                continue
             value = np.asarray(named[name])
             if value.shape != shape:
                 raise ValueError(f"state '{name}' has shape {value.shape}, expected {shape}")
             flat[b][at] = value.reshape(-1) if isinstance(at, slice) else value
         return host
+
+    def _whole(self) -> set:
+        """The buffers one checkpoint array fills, in order (a run from 0 to the buffer's end)."""
+        if self._whole_set is None:
+            held = {}
+            for name, (b, at, shape) in self._at.items():
+                held.setdefault(b, []).append(at)
+            self._whole_set = {b for b, ats in held.items() if len(ats) == 1 and isinstance(ats[0], slice)
+                               and ats[0].start == 0 and ats[0].stop == int(np.prod(self.shapes[b][0]))}
+        return self._whole_set
+
+    def _as_whole(self, name: str, value, b: int, shape: tuple) -> np.ndarray:
+        value = np.asarray(value)
+        if value.shape != shape:
+            raise ValueError(f"state '{name}' has shape {value.shape}, expected {shape}")
+        return np.ascontiguousarray(value, self.shapes[b][1]).reshape(self.shapes[b][0])
 
     def save(self, folder) -> Path:
         path = Path(folder) / self.FILE
@@ -86,14 +129,17 @@ class StateMap:
     @classmethod
     def load(cls, folder, buffers: list) -> "StateMap":
         m = cls({}, buffers)
-        with np.load(Path(folder) / cls.FILE, allow_pickle=False) as z:
-            for key in z.files:
-                v = z[key]
-                if key.startswith("@"):
-                    b, start, *shape = (int(i) for i in v)
-                    m._at[key[1:]] = b, slice(start, start + int(np.prod(shape, dtype=np.int64))), tuple(shape)
-                else:
-                    m._at[key] = _compact(v)
+        path = Path(folder) / cls.FILE
+        stored = npz.read(path)
+        if stored is None:
+            with np.load(path, allow_pickle=False) as z:
+                stored = {key: z[key] for key in z.files}
+        for key, v in stored.items():
+            if key.startswith("@"):
+                b, start, *shape = (int(i) for i in v)
+                m._at[key[1:]] = b, slice(start, start + int(np.prod(shape, dtype=np.int64))), tuple(shape)
+            else:
+                m._at[key] = _compact(v)
         return m
 
 

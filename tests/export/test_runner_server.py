@@ -211,3 +211,45 @@ def test_a_folder_that_is_not_an_export_is_refused_in_one_line(tmp_path):
     r = subprocess.run([sys.executable, "-m", "streamtrace_runner", "serve", str(tmp_path)],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "not an exported learner" in r.stderr
+
+
+def test_new_streams_start_from_the_initial_state_sharing_its_frozen_weights(folder):
+    # a bank of three: stream 0 on the loaded state, stream 1 on the state read again (its
+    # frozen weights' device buffers shared, not copied), stream 2 never stepped; the oracle
+    # is the folder's state.npz read by numpy and a runner of its own stepped once
+    runner = Runner(folder)
+    bank = RunnerBank(runner, 3)
+    x = np.array([0.3])
+    p0 = bank.step(0, x, None, True)[0]
+    p1 = bank.step(1, x, None, True)[0]
+    fixed = runner.manifest["fixed_from"]
+    assert fixed < len(bank.slots[0])
+    assert all(a is b for a, b in zip(bank.slots[0][fixed:], bank.slots[1][fixed:]))
+    alone = Runner(folder).step(x[None])[0]
+    assert np.array_equal(p0, alone) and np.array_equal(p1, alone)
+    with np.load(Path(folder) / "state.npz", allow_pickle=False) as z:
+        initial = {k: z[k] for k in z.files if k != "__meta__"}
+    fresh = bank.slot_state(2)
+    assert set(fresh) == set(initial)
+    for name, value in initial.items():
+        np.testing.assert_array_equal(fresh[name], value, err_msg=name)
+    assert bank.state_dict()["stats.counters"].shape[0] == 3
+
+
+def test_serving_imports_no_zipfile_logging_or_tempfile(folder):
+    # resident memory (docs/devices.md "Memory"): a runner that loads its folder, serves two
+    # streams and answers stats has not imported these (with what zipfile imports, ~1.8 MB of
+    # a 40 MB process); a fresh interpreter, as `streamtrace-runner serve` starts
+    code = ("import sys, numpy as np\n"
+            "from streamtrace_runner import cli, server, wire\n"
+            "from streamtrace_runner.bank import RunnerBank\n"
+            "from streamtrace_runner.core import Options, RunnerCore\n"
+            "from streamtrace_runner.runtime import Runner\n"
+            f"core = RunnerCore(RunnerBank(Runner({str(folder)!r}), 2), Options(slots=2))\n"
+            "out = [core.ingest(wire.data_message(s, 0, np.array([0.5])), b'me') for s in 'ab']\n"
+            "assert [wire.decode(r[-1][2])['type'] for r in out] == ['prediction'] * 2, out\n"
+            "core.stats_message()\n"
+            "print(sorted(m for m in ('zipfile', 'logging', 'tempfile', 'shutil', 'lzma') if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"
