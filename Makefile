@@ -80,6 +80,7 @@ quality: $(VENV)/.installed
 	$(PY) -m pip install --quiet -e '.[test,quality]'
 	$(PY) bench/quality.py
 	$(PY) bench/short_seasons.py
+	$(PY) bench/short_seasons.py --held-out --configs default
 	$(PY) bench/lead_rows.py
 
 clean:
