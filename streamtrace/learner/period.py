@@ -174,8 +174,8 @@ def periods(s: dict, threshold: float = 0.3, share: float = 0.5, margin: float =
 def settle(s: dict, ok, every: int = 4, hold: int = 2) -> dict:
     """Search the seasons (``periods``) where ``ok`` (N,) and the slot's target count is a
     multiple of ``every``; adopt a search's result into ``found`` once ``hold`` searches in a
-    row gave it. The search runs under a branch (learner/slotwise.py, a branch under ``vmap``
-    too): a step where no slot is due skips it.
+    row gave it. The search runs under a branch (``slotwise.when_due``): a step where no slot
+    is due skips it (in the engine's vmapped step it runs every step, its result selected).
 
     Example::
 

@@ -13,11 +13,16 @@ other kernels). ``slotwise(fn)`` under ``vmap`` reshapes every argument from (B,
 """
 from __future__ import annotations
 
+import contextlib
+import threading
+
 import jax
 import jax.numpy as jnp
 from jax import custom_batching
 
-__all__ = ["slotwise", "when_due"]
+_TRACE = threading.local()      # without_branches() on this thread: how deep
+
+__all__ = ["slotwise", "when_due", "without_branches"]
 
 
 def slotwise(fn):
@@ -42,29 +47,40 @@ def slotwise(fn):
         >>> jax.vmap(double)({"x": jnp.ones((3, 1))})["x"].shape
         (3, 1)
     """
-    @custom_batching.custom_vmap
-    def run(*args):
-        return fn(*args)
+    def call(*args):
+        if not _mapped(args):       # traced as it is: a custom_vmap around a branch of the period
+            return fn(*args)        # search made IREE's compiler crash (the exported step)
 
-    @run.def_vmap
-    def rule(size, batched, *args):
-        lift = lambda v, b: v if b else jnp.broadcast_to(v, (size,) + v.shape)
-        fold = lambda v: v.reshape((-1,) + v.shape[2:])
-        out = run(*jax.tree_util.tree_map(lambda v, b: fold(lift(v, b)), args, tuple(batched)))
-        return (jax.tree_util.tree_map(lambda v: v.reshape((size, -1) + v.shape[1:]), out),
-                jax.tree_util.tree_map(lambda _: True, out))
-    return run
+        @custom_batching.custom_vmap
+        def run(*args):
+            return fn(*args)
+
+        @run.def_vmap
+        def rule(size, batched, *args):
+            lift = lambda v, b: v if b else jnp.broadcast_to(v, (size,) + v.shape)
+            fold = lambda v: v.reshape((-1,) + v.shape[2:])
+            out = call(*jax.tree_util.tree_map(lambda v, b: fold(lift(v, b)), args, tuple(batched)))
+            return (jax.tree_util.tree_map(lambda v: v.reshape((size, -1) + v.shape[1:]), out),
+                    jax.tree_util.tree_map(lambda _: True, out))
+        return run(*args)
+    return call
+
+
+def _mapped(args) -> bool:
+    """Whether ``args`` are traced by ``vmap`` (a leaf is a batching tracer; jax names the
+    class so in every version we support, and were it renamed, ``fn`` runs mapped as before)."""
+    return any(type(v).__name__ == "BatchTracer" for v in jax.tree_util.tree_leaves(args))
 
 
 def when_due(fn, due, s):
-    """``fn(due, s)`` where any of ``due`` (N,) is true, else ``s`` unchanged: a branch, under
-    ``vmap`` too (``slotwise``).
+    """``fn(due, s)`` where any of ``due`` (N,) is true, else ``s`` unchanged: a branch
+    (``lax.cond``), skipped on a step where no slot is due (inside ``without_branches``:
+    ``fn`` on every step, as a ``vmap``'d branch runs).
 
     Parameters
     ----------
     fn : callable
-        ``fn(due, s) -> s``, slot by slot; a slot not due must come back as it was (as the
-        skipped branch returns it).
+        ``fn(due, s) -> s``, slot by slot; a slot not due must come back as it was.
     due : array of bool, shape (N,)
         Which slots are due.
     s : pytree of arrays
@@ -76,12 +92,36 @@ def when_due(fn, due, s):
 
     Example::
 
-        >>> import jax, jax.numpy as jnp
+        >>> import jax.numpy as jnp
         >>> bump = lambda due, s: {"x": jnp.where(due, s["x"] + 1, s["x"])}
         >>> when_due(bump, jnp.array([True, False]), {"x": jnp.zeros(2)})["x"].tolist()
         [1.0, 0.0]
-        >>> f = jax.vmap(lambda d, s: when_due(bump, d, s))      # a branch still, under vmap
-        >>> f(jnp.array([[False], [True]]), {"x": jnp.zeros((2, 1))})["x"].tolist()
-        [[0.0], [1.0]]
+        >>> with without_branches():
+        ...     when_due(bump, jnp.array([False, True]), {"x": jnp.zeros(2)})["x"].tolist()
+        [0.0, 1.0]
     """
-    return slotwise(lambda due, s: jax.lax.cond(jnp.any(due), fn, lambda due, s: s, due, s))(due, s)
+    if getattr(_TRACE, "depth", 0):
+        return fn(due, s)
+    return jax.lax.cond(jnp.any(due), fn, lambda due, s: s, due, s)
+
+
+@contextlib.contextmanager
+def without_branches():
+    """Trace ``when_due`` without a branch: for a program IREE compiles (``streamtrace
+    export``), whose compiler (3.13) crashes on the period detector's search inside a branch.
+    The values are the same; the search runs on every step. jax's trace caches are cleared
+    on the way in and out (a jitted function traced with branches is not reused without them,
+    nor the other way round).
+
+    Example::
+
+        >>> with without_branches():
+        ...     pass
+    """
+    jax.clear_caches()
+    _TRACE.depth = getattr(_TRACE, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _TRACE.depth -= 1
+        jax.clear_caches()
