@@ -70,7 +70,8 @@ __all__ = ["Experts", "experts", "EXPERTS"]
 
 EXPERTS = ("model", "persistence", "mean", "seasonal", "linear")
 # the state's layout, in describe() (so in a checkpoint's signature): a checkpoint of another
-# layout is refused by name ("combine.state: expected ..."), not by a list of arrays
+# layout is told by name ("combine.state: expected ..."), not by a list of arrays, and resumes
+# with a fresh mixture (learner/mixture_upgrade.py)
 STATE = "aux-3: linear 7 regressors on changes, seasons settled, detector stacked"
 
 

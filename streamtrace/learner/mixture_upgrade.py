@@ -10,7 +10,7 @@ starts afresh, and says so in a warning; any other difference is still refused.
 """
 from __future__ import annotations
 
-from ..checkpoints import CheckpointError, check_signature
+from ..checkpoints import CheckpointError, check_signature, signature_diff
 
 __all__ = ["fit_checkpoint"]
 
@@ -81,7 +81,9 @@ def fit_checkpoint(path, want: dict, header: dict, arrays: dict, fresh) -> dict:
         except CheckpointError:
             raise whole from None
     named = {**{n: a for n, a in fresh().items() if _is_mixture(n)}, **kept}
+    mixture = lambda sig: {k: v for k, v in sig.items() if _is_mixture(k)}        # noqa: E731
+    what = "; ".join(signature_diff(mixture(want), mixture(got))) or "its state's layout"
     header.setdefault("warnings", []).append(
-        f"{path}: the experts' mixture in this checkpoint is of another kind (settings or layout); "
+        f"{path}: the experts' mixture in this checkpoint is of another kind ({what}); "
         f"resumed everything else, the mixture starts afresh")
     return named
