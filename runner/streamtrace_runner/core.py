@@ -23,6 +23,7 @@ from .counters import EngineCounters
 from .stats import stats_snapshot
 from .streams import Refused, StreamTable
 from .weights import WeightArrays
+from .weights_frame import digests, encode_weights
 
 __all__ = ["RunnerCore", "Options"]
 
@@ -255,25 +256,25 @@ class RunnerCore:
     # ---- weights, stats ------------------------------------------------------------------
     def weights_message(self, kind: str) -> bytes:
         """As ``serve``: 'snapshot' (everything that predicts, a new version if it moved since the
-        last publish) or 'update' (a new version, the arrays that changed; weights.py)."""
+        last publish) or 'update' (a new version, the arrays that changed; weights.py), written
+        slot by slot into the one buffer sent (weights_frame.py)."""
         w = self.weights
-        arrays = w.arrays(skip_fixed=kind == "update" and w.published is not None)
-        changed, base = w.changed(arrays), None
+        names = w.chosen(skip_fixed=kind == "update" and w.published is not None)
+        got = digests(self.bank, names)
+        changed, base = w.changed(got), None
         if kind == "update" or changed:
             base = self.version if kind == "update" else None
             self.version += 1
-            w.remember(arrays)
+            w.remember(got)
             self._since_publish = 0
         if kind == "update":
             self.metrics.count("weights_published")
-            arrays = {n: arrays[n] for n in changed}
-        # each array packed, then let go: the host copies and their packed bytes are never
-        # both held whole (a first snapshot of 16 default learners: 5 MB each)
-        part = lambda prefix: {n[len(prefix):]: wire.pack_array(arrays.pop(n)) for n in list(arrays)
-                               if n.startswith(prefix)}
-        return wire.encode({"type": "weights", "kind": kind, "version": self.version, "base": base,
-                            "params": part("params."), "state": part("state."),
-                            "streams": {name: st.slot for name, st in self.streams.items()}})
+            names = {n: names[n] for n in changed}
+        part = lambda prefix: {n[len(prefix):]: k for n, k in names.items() if n.startswith(prefix)}
+        return encode_weights({"type": "weights", "kind": kind, "version": self.version, "base": base,
+                               "params": None, "state": None,
+                               "streams": {name: st.slot for name, st in self.streams.items()}},
+                              {"params": part("params."), "state": part("state.")}, self.bank)
 
     def stats_message(self) -> bytes:
         """``serve``'s stats (stats.py): its counters, latency percentiles, per-stream loss,

@@ -105,10 +105,12 @@ class RunnerServer:
         router, pub = self.sockets["router"], self.sockets.get("pub")
         for kind, dest, raw in outs:
             try:
+                # copy=False: a frame over pyzmq's copy threshold (a weights message) is handed
+                # to ZeroMQ as it is, not copied first (small ones are copied either way)
                 if kind == "reply":
-                    router.send_multipart([dest, raw], flags=zmq.NOBLOCK)
+                    router.send_multipart([dest, raw], flags=zmq.NOBLOCK, copy=False)
                 elif pub is not None:
-                    pub.send_multipart([dest, raw], flags=zmq.NOBLOCK)
+                    pub.send_multipart([dest, raw], flags=zmq.NOBLOCK, copy=False)
             except (zmq.Again, zmq.ZMQError):
                 if kind == "reply":
                     self.core.metrics.count("reply_failures")

@@ -253,3 +253,26 @@ def test_serving_imports_no_zipfile_logging_or_tempfile(folder):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]"
+
+
+def test_weights_message_written_slot_by_slot_equals_msgpack_of_the_stacked_arrays(folder):
+    """The runner writes a weights message slot by slot into one buffer (weights_frame.py): its
+    bytes equal msgpack's of the same message built from the stacked arrays (the bank's
+    state_dict, wire.pack_array), for slots that differ (one stepped, one fresh), and its
+    digests equal those of the stacked arrays."""
+    from streamtrace_runner import wire as rwire
+    from streamtrace_runner.weights import digest
+    from streamtrace_runner.weights_frame import digests, encode_weights
+    core = _runner(folder)
+    answers(core, _data("a", _series(120)))
+    names = core.weights.chosen()
+    stacked = core.bank.state_dict(set(names.values()))
+    assert not np.array_equal(stacked["readout.W"][0], stacked["readout.W"][1])      # the slots differ
+    head = {"type": "weights", "kind": "snapshot", "version": 4, "base": None, "params": None, "state": None,
+            "streams": {"a": 0}}
+    part = lambda p: {n[len(p):]: k for n, k in names.items() if n.startswith(p)}      # noqa: E731
+    got = encode_weights(head, {"params": part("params."), "state": part("state.")}, core.bank)
+    want = rwire.encode({**head, "params": {n: rwire.pack_array(stacked[k]) for n, k in part("params.").items()},
+                         "state": {n: rwire.pack_array(stacked[k]) for n, k in part("state.").items()}})
+    assert bytes(got) == want
+    assert digests(core.bank, names) == {n: digest(stacked[k]) for n, k in names.items()}
