@@ -61,12 +61,12 @@ class SlotAccess:
         Returns
         -------
         dict
+            The slot's parts (hidden, traces, ...), each a tree of numpy arrays.
 
         Examples
         --------
         >>> import numpy as np, streamtrace as st
-        >>> model = st.nn.Stack("gru", n_in=1, n_hidden=4, n_out=1)
-        >>> L = st.OnlineLearner(model, np.zeros(1, np.float32), slots=2)
+        >>> L = st.OnlineLearner(st.nn.Stack("gru", n_in=1, n_hidden=4, n_out=1), np.zeros(1, np.float32), slots=2)
         >>> sorted(L.read_slot(0))
         ['hidden', 'rollback', 'stats', 'traces']
         """
