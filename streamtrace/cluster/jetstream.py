@@ -52,6 +52,7 @@ def partition_filter(k: int) -> str:
     return f"st.p.{k}.*"
 
 
+NO_PLACEMENT = 10005     # JetStream's error code: no suitable peers for placement (yet)
 WORKERS_TTL_S = 30.0     # a heartbeat key not written for this long is removed by the server
 
 
@@ -63,12 +64,13 @@ async def ensure_log(js, partitions: int | None = None, *, max_age_s: float = 86
     stored at creation wins; asking for another P later is an error, because moving streams
     between partitions would break their order. A JetStream that is not ready yet (a cluster
     electing its first leaders, or a bucket just created whose stream has no leader yet: no
-    response from it) is waited for, ``ready_s`` at most."""
+    response from it; or servers still joining, so fewer than ``replicas`` can hold a copy) is
+    waited for, ``ready_s`` at most."""
     import asyncio
     import time
 
     from nats.errors import TimeoutError as NatsTimeout
-    from nats.js.errors import NoStreamResponseError, ServiceUnavailableError
+    from nats.js.errors import BadRequestError, NoStreamResponseError, ServiceUnavailableError
     deadline = time.monotonic() + ready_s
     while True:
         try:
@@ -76,7 +78,14 @@ async def ensure_log(js, partitions: int | None = None, *, max_age_s: float = 86
         except (ServiceUnavailableError, NoStreamResponseError, NatsTimeout, asyncio.TimeoutError):
             if time.monotonic() >= deadline:
                 raise
-            await asyncio.sleep(0.5)
+        except BadRequestError as e:
+            if e.err_code != NO_PLACEMENT:
+                raise
+            if time.monotonic() >= deadline:
+                raise RuntimeError(f"JetStream found fewer than {replicas} servers to hold the log's copies "
+                                   f"within {ready_s:g} s: start {replicas} clustered brokers, or ask for fewer "
+                                   f"replicas ({e.description})") from e
+        await asyncio.sleep(0.5)
 
 
 async def _open_or_create(open_, create):

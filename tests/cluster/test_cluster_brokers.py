@@ -63,3 +63,47 @@ def test_killing_a_broker_loses_no_acknowledged_step(brokers, tmp_path, which):
     H.assert_same(answers, ref_preds, states, ref_states)
     pause = max(b - a for a, b in zip(acks, acks[1:]))
     print(f"longest pause between acknowledged publishes (the election): {pause:.2f} s")
+
+
+
+@pytest.mark.parametrize("joins_after", [2, None])
+def test_creating_the_log_waits_while_too_few_brokers_have_joined(monkeypatch, joins_after):
+    """JetStream answers 'no suitable peers for placement' (10005) while a cluster's servers are
+    still joining (seen in CI: three brokers up, the log at 3 replicas created at once). The
+    creation is retried until the peers are there; with them never coming, the error says what is
+    missing."""
+    from nats.js.errors import BadRequestError
+
+    from streamtrace.cluster import jetstream as L
+    calls = []
+
+    async def placement(js, partitions, max_age_s, replicas):
+        calls.append(replicas)
+        if joins_after is None or len(calls) <= joins_after:
+            raise BadRequestError(code=400, err_code=L.NO_PLACEMENT, description="no suitable peers for placement")
+        return partitions
+
+    monkeypatch.setattr(L, "_ensure", placement)
+    if joins_after is None:
+        with pytest.raises(RuntimeError, match="fewer than 3 servers to hold the log's copies within 1.2 s"):
+            asyncio.run(L.ensure_log(None, 4, replicas=3, ready_s=1.2))
+        assert 2 <= len(calls) <= 4                  # retried every 0.5 s, then gave up
+    else:
+        assert asyncio.run(L.ensure_log(None, 4, replicas=3, ready_s=30)) == 4
+        assert len(calls) == joins_after + 1
+
+
+def test_another_bad_request_is_not_retried(monkeypatch):
+    from nats.js.errors import BadRequestError
+
+    from streamtrace.cluster import jetstream as L
+    calls = []
+
+    async def refused(js, partitions, max_age_s, replicas):
+        calls.append(1)
+        raise BadRequestError(code=400, err_code=10074, description="replicas > 1 not supported in non-clustered mode")
+
+    monkeypatch.setattr(L, "_ensure", refused)
+    with pytest.raises(BadRequestError, match="non-clustered"):
+        asyncio.run(L.ensure_log(None, 4, replicas=3, ready_s=30))
+    assert len(calls) == 1
