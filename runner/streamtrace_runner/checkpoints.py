@@ -211,6 +211,27 @@ def signature_diff(want: dict, got: dict, limit: int = 6) -> list[str]:
     return diffs
 
 
+def signature_without(signature: dict, is_part, lists=("state", "state_dict", "slot_state")) -> dict:
+    """``signature`` without one part of the state: the keys ``is_part`` accepts, and the entries
+    of its ``lists`` (each ``[name, shape, dtype]``) whose name it accepts.
+
+    Parameters
+    ----------
+    signature : a learner's or a partition's signature (``check_signature`` compares them).
+    is_part : name -> bool, for a top-level key and for a state entry's name.
+    lists : the keys that hold state entries.
+
+    >>> sig = {"model": "gru", "combine": {"eta": 1}, "state": [["hidden.h", [4], "<f4"], ["combine.L", [3], "<f8"]]}
+    >>> signature_without(sig, lambda n: n.split(".")[0] == "combine")
+    {'model': 'gru', 'state': [['hidden.h', [4], '<f4']]}
+    """
+    out = {k: v for k, v in signature.items() if not is_part(k)}
+    for key in lists:
+        if isinstance(out.get(key), list):
+            out[key] = [entry for entry in out[key] if not is_part(entry[0])]
+    return out
+
+
 def position_extra(steps: int, version: int, streams: dict) -> dict:
     """The ``extra`` an engine's checkpoint (``serve``'s or the runner's) holds beside the state:
     its step count, weights version and each stream's position (``StreamTable.positions``).

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 
-from ..learner.checkpoint import CheckpointError, check_signature
+from ..learner.checkpoint import CheckpointError, check_signature, signature_without
 
 __all__ = ["fit_partition", "is_mixture_leaf"]
 
@@ -30,11 +30,8 @@ def is_mixture_leaf(path: str) -> bool:
     return path.startswith(f"['{_MIXTURE}']")
 
 
-def _without_mixture(signature: dict) -> dict:
-    out = {k: v for k, v in signature.items() if k != _MIXTURE}
-    if isinstance(out.get("slot_state"), list):
-        out["slot_state"] = [e for e in out["slot_state"] if not is_mixture_leaf(e[0])]
-    return out
+def _is_mixture(key: str) -> bool:          # a signature's section, or a slot_state path
+    return key == _MIXTURE or is_mixture_leaf(key)
 
 
 def fit_partition(label: str, want: dict, header: dict, arrays: dict, fresh: dict) -> dict:
@@ -76,7 +73,7 @@ def fit_partition(label: str, want: dict, header: dict, arrays: dict, fresh: dic
         return arrays
     except CheckpointError as whole:
         try:
-            check_signature(label, _without_mixture(want), {**header, "signature": _without_mixture(got)})
+            check_signature(label, signature_without(want, _is_mixture), {**header, "signature": signature_without(got, _is_mixture)})
         except CheckpointError:
             raise whole from None
     where = {entry[0]: j for j, entry in enumerate(got.get("slot_state", []))}

@@ -10,7 +10,7 @@ starts afresh, and says so in a warning; any other difference is still refused.
 """
 from __future__ import annotations
 
-from ..checkpoints import CheckpointError, check_signature, signature_diff
+from ..checkpoints import CheckpointError, check_signature, signature_diff, signature_without
 
 __all__ = ["fit_checkpoint"]
 
@@ -19,14 +19,6 @@ _MIXTURE = "combine"
 
 def _is_mixture(name: str) -> bool:
     return name == _MIXTURE or name.startswith(_MIXTURE + ".")
-
-
-def _without_mixture(signature: dict) -> dict:
-    out = {k: v for k, v in signature.items() if not _is_mixture(k)}
-    for key in ("state", "state_dict"):
-        if isinstance(out.get(key), list):
-            out[key] = [entry for entry in out[key] if not _is_mixture(entry[0])]
-    return out
 
 
 def fit_checkpoint(path, want: dict, header: dict, arrays: dict, fresh) -> dict:
@@ -77,7 +69,7 @@ def fit_checkpoint(path, want: dict, header: dict, arrays: dict, fresh) -> dict:
             raise
         kept = {n: a for n, a in arrays.items() if not _is_mixture(n)}
         try:
-            check_signature(path, _without_mixture(want), {**header, "signature": _without_mixture(got)}, kept)
+            check_signature(path, signature_without(want, _is_mixture), {**header, "signature": signature_without(got, _is_mixture)}, kept)
         except CheckpointError:
             raise whole from None
     named = {**{n: a for n, a in fresh().items() if _is_mixture(n)}, **kept}
