@@ -157,6 +157,22 @@ def collect(client, want: set, deadline_s: float = 60.0) -> dict:
     return got
 
 
+async def _read_object(obj, name: str, tries: int = 6) -> bytes:
+    """An object's bytes, asked again when a request goes unanswered: just after a broker is
+    killed, creating the read's consumer timed out once in CI (30 s) while the streams elected
+    leaders again; a new request is answered."""
+    import asyncio
+
+    import nats.errors
+    for attempt in range(tries):
+        try:
+            return (await obj.get(name)).data
+        except nats.errors.TimeoutError:
+            if attempt == tries - 1:
+                raise
+            await asyncio.sleep(1.0)
+
+
 def final_states(url: str, stepper_cfg: Path) -> dict:
     """Every stream's state from the committed partition checkpoints (the workers released them)."""
     import asyncio
@@ -168,14 +184,14 @@ def final_states(url: str, stepper_cfg: Path) -> dict:
 
     async def main():
         nc = await L.connect(url)
-        js = nc.jetstream(timeout=30)   # a broker may have just been killed: its election takes seconds
+        js = nc.jetstream(timeout=10)   # a broker may have just been killed: its election takes seconds
         kv, obj = await js.key_value(L.LEASES), await js.object_store(L.CHECKPOINTS)
         states = {}
         for k in range(P):
             v = json.loads((await kv.get(lease_key(k))).value)
             assert v["owner"] == "", f"partition {k} still owned by {v['owner']} after every worker left"
             if v["ckpt"]:
-                arrays, header = loads_checkpoint((await obj.get(v["ckpt"])).data, v["ckpt"])
+                arrays, header = loads_checkpoint(await _read_object(obj, v["ckpt"]), v["ckpt"])
                 for i, (name, _) in enumerate(header["extra"]["streams"]):
                     n = sum(1 for a in arrays if a.startswith(f"s{i}."))
                     states[name] = [arrays[f"s{i}.{j}"] for j in range(n)]
