@@ -64,7 +64,7 @@ import numpy as np
 
 from . import flat_state, lagged_rls
 from . import period as seasons
-from .slotwise import slotwise
+from .slotwise import apart, slotwise
 
 __all__ = ["Experts", "experts", "EXPERTS"]
 
@@ -312,8 +312,9 @@ class Experts:
 
     def _supervised(self, s, model, y, ok):
         shape, m, t = model.shape, _flat(model), _flat(y)
+        # the mixture apart: the reply-first prediction program computes it alone, bit for bit
+        out = apart(lambda s, m: self.mix(self.open(s), m), s, m)
         s = self.open(s)
-        out = self.mix(s, m)
         t = jnp.where(ok[:, None], t, 0).astype(m.dtype)
         s = self._observe(self._score(s, m, t, ok), t, ok)
         return self._close(s), out.reshape(shape)

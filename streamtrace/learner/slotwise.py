@@ -22,7 +22,7 @@ from jax import custom_batching
 
 _TRACE = threading.local()      # without_branches() on this thread: how deep
 
-__all__ = ["slotwise", "when_due", "without_branches"]
+__all__ = ["slotwise", "when_due", "apart", "without_branches"]
 
 
 def slotwise(fn):
@@ -103,6 +103,41 @@ def when_due(fn, due, s):
     if getattr(_TRACE, "depth", 0):
         return fn(due, s)
     return jax.lax.cond(jnp.any(due), fn, lambda due, s: s, due, s)
+
+
+def apart(fn, *args):
+    """``fn(*args)`` as a computation of its own: a branch (``lax.cond``, both ways ``fn``)
+    that XLA compiles apart from the program around it. A value computed there is the same
+    bits in every program that calls it on the same arguments: outside, XLA fuses each
+    operation with its neighbours, so a product and the sum it feeds may become one fused
+    multiply-add in one program and two roundings in another, or a cheap result may be
+    recomputed inside each consumer. (The reply-first prediction program, which keeps only
+    what the prediction needs, must answer the step's bits: tests/engine/test_reply_first.py.)
+    Inside ``without_branches``: ``fn(*args)`` as it is.
+
+    Parameters
+    ----------
+    fn : callable
+        Of ``args``, returning a pytree of arrays.
+    *args : pytrees of arrays
+        The operands; every leaf becomes an operand of the branch.
+
+    Returns
+    -------
+    ``fn(*args)``.
+
+    Example::
+
+        >>> import jax.numpy as jnp
+        >>> apart(lambda a, b: a * b + 1, jnp.float32(2), jnp.float32(3)).item()
+        7.0
+    """
+    if getattr(_TRACE, "depth", 0):
+        return fn(*args)
+    # a predicate XLA cannot fold (a constant one would inline the branch); either way: fn
+    leaves = jax.tree_util.tree_leaves(args)
+    taken = jnp.isnan(jnp.ravel(leaves[0])[0]) if leaves else jnp.bool_(True)
+    return jax.lax.cond(taken, fn, fn, *args)
 
 
 @contextlib.contextmanager
