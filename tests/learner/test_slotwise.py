@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from streamtrace.learner.slotwise import slotwise, when_due, without_branches
+from streamtrace.learner.slotwise import apart, slotwise, when_due, without_branches
 
 
 def _step(s, x):
@@ -60,3 +60,17 @@ def test_when_due_against_numpy():
     np.testing.assert_array_equal(np.asarray(when_due(bump, jnp.asarray(none), {"y": jnp.asarray(y)})["y"]), y)
     with without_branches():
         np.testing.assert_array_equal(np.asarray(when_due(bump, jnp.asarray(due), {"y": jnp.asarray(y)})["y"]), want)
+
+
+def test_apart_is_fn_either_way_the_branch_goes_and_a_branch_only_with_branches():
+    """apart's predicate (is the first operand's first value NaN) never changes the answer:
+    a * b + c by hand for a NaN and a finite first value; a branch in the trace, none inside
+    without_branches."""
+    fn = lambda a, b, c: a * b + c
+    b, c = np.array([2.0, -3.0], np.float32), np.array([0.5, 4.0], np.float32)
+    for a in (np.array([1.5, 2.0], np.float32), np.array([np.nan, 2.0], np.float32)):
+        got = np.asarray(jax.jit(apart, static_argnums=0)(fn, a, b, c))
+        np.testing.assert_array_equal(got, np.array([a[0] * 2.0 + 0.5, 2.0 * -3.0 + 4.0], np.float32))
+    assert "cond" in _primitives(jax.make_jaxpr(lambda *v: apart(fn, *v))(a, b, c).jaxpr)
+    with without_branches():
+        assert "cond" not in _primitives(jax.make_jaxpr(lambda *v: apart(fn, *v))(a, b, c).jaxpr)
