@@ -10,6 +10,7 @@ import jax
 import numpy as np
 from jax import export
 
+from ..learner.slotwise import without_branches
 from .parts import refusal
 from .tanh64 import rewrite_tanh64
 from .targets import compiler_flags
@@ -42,7 +43,8 @@ def export_program(name: str, fn, args) -> Program:
     (True, [(3,)])
     """
     try:
-        exported = export.export(jax.jit(fn, keep_unused=True))(*args)
+        with without_branches():    # IREE's compiler crashes on the period search in a branch
+            exported = export.export(jax.jit(fn, keep_unused=True))(*args)
     except Exception as e:  # noqa: BLE001 - jax raises many kinds; name the part
         raise ExportError(f"the {name} program cannot be exported by jax.export ({type(e).__name__}: {e})") from e
     text, tanh = rewrite_tanh64(exported.mlir_module())

@@ -64,6 +64,7 @@ import numpy as np
 
 from . import flat_state, lagged_rls
 from . import period as seasons
+from .slotwise import apart, slotwise
 
 __all__ = ["Experts", "experts", "EXPERTS"]
 
@@ -71,7 +72,7 @@ EXPERTS = ("model", "persistence", "mean", "seasonal", "linear")
 # the state's layout, in describe() (so in a checkpoint's signature): a checkpoint of another
 # layout is told by name ("combine.state: expected ..."), not by a list of arrays, and resumes
 # with a fresh mixture (learner/mixture_upgrade.py)
-STATE = "aux-2: linear 7 regressors on changes, seasons settled"
+STATE = "aux-3: linear 7 regressors on changes, seasons settled, detector stacked"
 
 
 class Experts:
@@ -88,7 +89,7 @@ class Experts:
         >>> e = Experts(max_period=24)
         >>> s = e.init(1, 1, np.float32)
         >>> sorted(e.open(s)["season"])
-        ['c', 'cand', 'found', 'held', 'k', 'mu', 'prev', 'ring', 'v']
+        ['f', 'k', 'lags']
     """
 
     name = "experts"
@@ -305,10 +306,15 @@ class Experts:
     # ---- the two ways a step uses it ---------------------------------------------------------
     def supervised(self, s, model, y, ok):
         """Supervised step: the mixture's prediction of this step's target from ``model`` (N, *out),
-        then learn from the target y where ``ok`` (N,). Returns (state, prediction)."""
+        then learn from the target y where ``ok`` (N,). Returns (state, prediction). Slot by
+        slot (learner/slotwise.py): a vmapped step over slots runs it as one of all the slots."""
+        return slotwise(self._supervised)(s, model, y, ok)
+
+    def _supervised(self, s, model, y, ok):
         shape, m, t = model.shape, _flat(model), _flat(y)
+        # the mixture apart: the reply-first prediction program computes it alone, bit for bit
+        out = apart(lambda s, m: self.mix(self.open(s), m), s, m)
         s = self.open(s)
-        out = self.mix(s, m)
         t = jnp.where(ok[:, None], t, 0).astype(m.dtype)
         s = self._observe(self._score(s, m, t, ok), t, ok)
         return self._close(s), out.reshape(shape)
@@ -316,7 +322,11 @@ class Experts:
     def forecast(self, s, y_now, scored, seen, model, keep):
         """Forecast step: y_now (N, C) is the target of the pending forecast; charge the experts
         where ``scored``, learn y_now where ``seen``, then mix the model's next forecast ``model``
-        (kept as pending where ``keep``). Returns (state, prediction)."""
+        (kept as pending where ``keep``). Returns (state, prediction). Slot by slot, as
+        ``supervised``."""
+        return slotwise(self._forecast)(s, y_now, scored, seen, model, keep)
+
+    def _forecast(self, s, y_now, scored, seen, model, keep):
         shape, m = model.shape, _flat(model)
         y = jnp.where(seen[:, None], _flat(y_now), 0).astype(m.dtype)
         s = self.open(s)

@@ -34,7 +34,19 @@ def flatten(tree) -> dict:
     parts: dict = {}
     for leaf in jax.tree_util.tree_leaves(tree):
         parts.setdefault(_key(leaf.dtype), []).append(leaf.reshape(leaf.shape[0], -1))
-    return {k: v[0] if len(v) == 1 else jnp.concatenate(v, axis=1) for k, v in parts.items()}
+    return {k: v[0] if len(v) == 1 else _join(v) for k, v in parts.items()}
+
+
+def _join(cols):
+    """``jnp.concatenate(cols, axis=1)`` as selects of padded columns: elementwise, so XLA
+    fuses the leaves' computations into the one kernel that writes the array."""
+    width = sum(c.shape[1] for c in cols)
+    at = np.cumsum([0] + [c.shape[1] for c in cols])
+    col = jnp.arange(width)[None, :]
+    out = jnp.pad(cols[-1], ((0, 0), (int(at[-2]), 0)))
+    for i in range(len(cols) - 2, -1, -1):
+        out = jnp.where(col < at[i + 1], jnp.pad(cols[i], ((0, 0), (int(at[i]), int(width - at[i + 1])))), out)
+    return out
 
 
 def unflatten(flat: dict, like):

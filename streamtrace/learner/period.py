@@ -41,26 +41,46 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-__all__ = ["init", "update", "autocorrelation", "periods", "settle", "found"]
+from .slotwise import when_due
+
+__all__ = ["init", "parts", "update", "autocorrelation", "periods", "settle", "found"]
 
 
 def init(n: int, n_out: int, max_period: int, dtype) -> dict:
-    """The detector's state for ``n`` slots of ``n_out`` channels, lags 1..``max_period``.
+    """The detector's state for ``n`` slots of ``n_out`` channels, lags 1..``max_period``:
+    ``k`` the targets seen, ``f`` (n, 2 max_period + 3, n_out) its running values in one
+    array (rows: the ring of deviations d_{t-1}, d_{t-2}, .., lag p's product c_p for p = 1..
+    max_period, mu, v, the level), ``lags`` (n, 5, n_out) int: the seasons found (first,
+    second), the last search's (first, second) and how many searches in a row gave it.
+    One array of each (``parts`` opens them): the step updates each in one kernel.
 
     Example::
 
         >>> import jax.numpy as jnp
         >>> s = init(1, 1, 24, jnp.float32)
-        >>> s["c"].shape
+        >>> parts(s)["c"].shape
         (1, 24, 1)
     """
     if not isinstance(max_period, int) or isinstance(max_period, bool) or max_period < 2:
         raise ValueError(f"period detector: max_period must be an integer >= 2; got {max_period!r}")
-    z = jnp.zeros((n, n_out), dtype)
-    lags = jnp.zeros((n, 2, n_out), jnp.int32)      # (first, second) per channel
-    return {"k": jnp.zeros(n, jnp.int32), "prev": z, "mu": z, "v": z,
-            "ring": jnp.zeros((n, max_period, n_out), dtype), "c": jnp.zeros((n, max_period, n_out), dtype),
-            "found": lags, "cand": lags, "held": jnp.zeros((n, n_out), jnp.int32)}
+    return {"k": jnp.zeros(n, jnp.int32), "f": jnp.zeros((n, 2 * max_period + 3, n_out), dtype),
+            "lags": jnp.zeros((n, 5, n_out), jnp.int32)}
+
+
+def parts(s: dict) -> dict:
+    """The state's parts by name: ``k``; ``ring``, ``c`` (N, max_period, C), ``mu``, ``v``,
+    ``prev`` (N, C) from ``f``; ``found``, ``cand`` (N, 2, C), ``held`` (N, C) from ``lags``.
+
+    Example::
+
+        >>> import jax.numpy as jnp
+        >>> sorted(parts(init(1, 1, 4, jnp.float32)))
+        ['c', 'cand', 'found', 'held', 'k', 'mu', 'prev', 'ring', 'v']
+    """
+    f, lags = s["f"], s["lags"]
+    P = (f.shape[1] - 3) // 2
+    return {"k": s["k"], "ring": f[:, :P], "c": f[:, P:2 * P], "mu": f[:, 2 * P], "v": f[:, 2 * P + 1],
+            "prev": f[:, 2 * P + 2], "found": lags[:, 0:2], "cand": lags[:, 2:4], "held": lags[:, 4]}
 
 
 def update(s: dict, y, ok, window: int) -> dict:
@@ -75,25 +95,28 @@ def update(s: dict, y, ok, window: int) -> dict:
         >>> int(s["k"][0])
         5
     """
-    P = s["ring"].shape[1]
-    k = s["k"]
+    f, k = s["f"], s["k"]
+    R = f.shape[1]
+    P = (R - 3) // 2
     m = k - 1                                       # differences seen before this one
     have = (k >= 1)[:, None]
-    d = jnp.where(have, y - s["prev"], 0).astype(s["v"].dtype)
-    a = jnp.maximum(1.0 / jnp.maximum(k, 1), 1.0 / window)[:, None].astype(d.dtype)
-    b = jnp.maximum(1.0 / (k + 1), 1.0 / P)[:, None].astype(d.dtype)      # the level's rate
-    lags = jnp.arange(1, P + 1)
-    count = m[:, None] - lags[None, :] + 1                                     # products incl. this
-    ap = jnp.maximum(1.0 / jnp.maximum(count, 1), 1.0 / window)[..., None].astype(d.dtype)
-    c = s["c"] + ap * (d[:, None, :] * s["ring"] - s["c"])                    # ring[:, p-1] = d_{t-p}
-    use = have & ok[:, None]
-    ring = jnp.concatenate([d[:, None, :], s["ring"][:, :-1]], axis=1)
-    return {**s, "k": jnp.where(ok, k + 1, k),
-            "prev": jnp.where(ok[:, None], s["prev"] + b * (y - s["prev"]), s["prev"]),
-            "mu": jnp.where(use, s["mu"] + a * (d - s["mu"]), s["mu"]),
-            "v": jnp.where(use, s["v"] + a * (d * d - s["v"]), s["v"]),
-            "ring": jnp.where(use[:, None, :], ring, s["ring"]),
-            "c": jnp.where(use[:, None, :] & (count >= 1)[..., None], c, s["c"])}
+    d = jnp.where(have, y - f[:, 2 * P + 2], 0).astype(f.dtype)
+    a = jnp.maximum(1.0 / jnp.maximum(k, 1), 1.0 / window)[:, None, None].astype(d.dtype)
+    b = jnp.maximum(1.0 / (k + 1), 1.0 / P)[:, None, None].astype(d.dtype)      # the level's rate
+    # every row of f at once (one elementwise pass, one kernel): row r holds ring[r] for r < P,
+    # c_p (p = r - P + 1) for P <= r < 2P, then mu, v and the level
+    row = jnp.arange(R)[None, :, None]
+    count = m[:, None, None] - (row - P + 1) + 1                               # lag p's products incl. this
+    ap = jnp.maximum(1.0 / jnp.maximum(count, 1), 1.0 / window).astype(d.dtype)
+    D = d[:, None, :]
+    shift = lambda n: jnp.pad(f[:, :R - n], ((0, 0), (n, 0), (0, 0)))          # row r: f's row r - n
+    use = (have & ok[:, None])[:, None, :]
+    new = jnp.where(row < P, jnp.where(row == 0, D, shift(1)),                  # the ring: d_t first
+          jnp.where(row < 2 * P, f + ap * (D * shift(P) - f),                    # c_p: ring[p - 1] = d_{t-p}
+          jnp.where(row == 2 * P, f + a * (D - f),                               # mu
+          jnp.where(row == 2 * P + 1, f + a * (D * D - f), f + b * (y[:, None, :] - f)))))   # v, the level
+    keep = jnp.where(row < P, use, jnp.where(row < 2 * P, use & (count >= 1), jnp.where(row < 2 * P + 2, use, ok[:, None, None])))
+    return {**s, "k": jnp.where(ok, k + 1, k), "f": jnp.where(keep, new, f)}
 
 
 def autocorrelation(s: dict):
@@ -105,6 +128,7 @@ def autocorrelation(s: dict):
         >>> autocorrelation(init(1, 1, 3, jnp.float32)).shape
         (1, 3, 1)
     """
+    s = parts(s)
     P = s["c"].shape[1]
     mu2 = (s["mu"] * s["mu"])[:, None, :]
     den = s["v"][:, None, :] - mu2
@@ -150,7 +174,8 @@ def periods(s: dict, threshold: float = 0.3, share: float = 0.5, margin: float =
 def settle(s: dict, ok, every: int = 4, hold: int = 2) -> dict:
     """Search the seasons (``periods``) where ``ok`` (N,) and the slot's target count is a
     multiple of ``every``; adopt a search's result into ``found`` once ``hold`` searches in a
-    row gave it. The search runs under ``lax.cond``: a step where no slot is due skips it.
+    row gave it. The search runs under a branch (``slotwise.when_due``): a step where no slot
+    is due skips it (in the engine's vmapped step it runs every step, its result selected).
 
     Example::
 
@@ -161,18 +186,18 @@ def settle(s: dict, ok, every: int = 4, hold: int = 2) -> dict:
         >>> [int(p) for p in found(s)[0][0]], [int(p) for p in found(s)[1][0]]
         ([5], [0])
     """
-    due = ok & (s["k"] % every == 0)
-
-    def search(s):
+    def search(due, s):
         first, second = periods(s)
         got = jnp.stack([first, second], axis=1)                        # (N, 2, C)
-        same = jnp.all(got == s["cand"], axis=1)
-        held = jnp.where(same, s["held"] + 1, 1)
+        o = parts(s)
+        same = jnp.all(got == o["cand"], axis=1)
+        held = jnp.where(same, o["held"] + 1, 1)
         adopt = (held >= hold)[:, None, :]
         d2, d1 = due[:, None, None], due[:, None]
-        return {**s, "cand": jnp.where(d2, got, s["cand"]), "held": jnp.where(d1, held, s["held"]),
-                "found": jnp.where(d2 & adopt, got, s["found"])}
-    return jax.lax.cond(jnp.any(due), search, lambda s: s, s)
+        lags = [jnp.where(d2 & adopt, got, o["found"]), jnp.where(d2, got, o["cand"]),
+                jnp.where(d1, held, o["held"])[:, None]]
+        return {**s, "lags": jnp.concatenate(lags, axis=1)}
+    return when_due(search, ok & (s["k"] % every == 0), s)
 
 
 def found(s: dict):
@@ -184,4 +209,4 @@ def found(s: dict):
         >>> [int(p[0, 0]) for p in found(init(1, 1, 12, jnp.float32))]
         [0, 0]
     """
-    return s["found"][:, 0], s["found"][:, 1]
+    return s["lags"][:, 0], s["lags"][:, 1]
