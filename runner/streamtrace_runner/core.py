@@ -22,7 +22,7 @@ from .checkpoints import CheckpointDir, position_extra, position_of
 from .counters import EngineCounters
 from .stats import stats_snapshot
 from .streams import Refused, StreamTable
-from .weights import WeightArrays
+from .weights import WeightArrays, served
 from .weights_frame import digests, encode_weights
 
 __all__ = ["RunnerCore", "Options"]
@@ -256,25 +256,26 @@ class RunnerCore:
     # ---- weights, stats ------------------------------------------------------------------
     def weights_message(self, kind: str) -> bytes:
         """As ``serve``: 'snapshot' (everything that predicts, a new version if it moved since the
-        last publish) or 'update' (a new version, the arrays that changed; weights.py), written
-        slot by slot into the one buffer sent (weights_frame.py)."""
+        last publish) or 'update' (a new version, the arrays that changed; weights.py), the rows of
+        the slots serving a stream (``weights.served``), written slot by slot into the one buffer
+        sent (weights_frame.py)."""
         w = self.weights
-        names = w.chosen(skip_fixed=kind == "update" and w.published is not None)
-        got = digests(self.bank, names)
-        changed, base = w.changed(got), None
+        slots, rows = served({name: st.slot for name, st in self.streams.items()})
+        names = w.chosen(slots, skip_fixed=kind == "update")
+        got = digests(self.bank, names, slots)
+        changed, base = w.changed(got, slots), None
         if kind == "update" or changed:
             base = self.version if kind == "update" else None
             self.version += 1
-            w.remember(got)
+            w.remember(got, slots)
             self._since_publish = 0
         if kind == "update":
             self.metrics.count("weights_published")
             names = {n: names[n] for n in changed}
         part = lambda prefix: {n[len(prefix):]: k for n, k in names.items() if n.startswith(prefix)}
         return encode_weights({"type": "weights", "kind": kind, "version": self.version, "base": base,
-                               "params": None, "state": None,
-                               "streams": {name: st.slot for name, st in self.streams.items()}},
-                              {"params": part("params."), "state": part("state.")}, self.bank)
+                               "params": None, "state": None, "slots": slots, "streams": rows},
+                              {"params": part("params."), "state": part("state.")}, self.bank, slots)
 
     def stats_message(self) -> bytes:
         """``serve``'s stats (stats.py): its counters, latency percentiles, per-stream loss,

@@ -19,6 +19,8 @@ import time
 
 import numpy as np
 
+from streamtrace_runner.weights import served
+
 from .. import wire
 from ..learner.bank import SlotBank
 from ..checkpoints import position_extra, position_of
@@ -67,6 +69,7 @@ class EngineCore:
         self._since_publish = 0
         self._since_ckpt = 0
         self._published_params: dict | None = None
+        self._published_slots: list | None = None
         self.ckpt = CheckpointDir(cfg.checkpoint.dir, cfg.checkpoint.keep) if cfg.checkpoint.dir else None
         # reply first: where a prediction does not depend on its step's update, a one-step
         # call's replies may leave after a prediction program, before the step runs (tick)
@@ -321,32 +324,28 @@ class EngineCore:
     def weights_message(self, kind: str) -> bytes:
         """'snapshot': everything that predicts at the current version: the weights (``params``),
         the rest of the predicting state (``state``: readout, transforms' statistics, experts;
-        ``OnlineLearner.predictor_state``) and which slot serves which stream (``streams``).
-        'update': a new version with the arrays that changed since the last publish (full
-        values, so rebuilding is exact) and the streams' slots."""
-        arrays = {**{f"params.{n}": v for n, v in self.learner.params.items()},
-                  **{f"state.{n}": v for n, v in self.learner.predictor_state().items()}}
-        streams = {name: st.slot for name, st in self.streams.items()}
-        prev = self._published_params
+        ``OnlineLearner.predictor_state``), each array's rows those of the slots serving a
+        stream (``slots``; with shared weights ``params`` have no slot axis) and each stream's
+        row (``streams``). 'update': a new version with the arrays that changed since the last
+        publish (full values, so rebuilding is exact; every array where the slots changed)."""
+        slots, streams = served({name: st.slot for name, st in self.streams.items()})
+        rows = lambda v: np.asarray(v)[np.asarray(slots, np.intp)]      # noqa: E731
+        arrays = {**{f"params.{n}": rows(v) if self.banked else v for n, v in self.learner.params.items()},
+                  **{f"state.{n}": rows(v) for n, v in self.learner.predictor_state().items()}}
+        prev = self._published_params if self._published_slots == slots else None
+        moved = [n for n, v in arrays.items() if prev is None or n not in prev or not np.array_equal(prev[n], v)]
+        base = self.version if kind == "update" else None
+        if kind == "update" or moved:    # a snapshot where nothing moved keeps the version
+            self.version += 1
+            self._published_params, self._published_slots = arrays, slots
+            self._since_publish = 0
         if kind == "update":
-            base = self.version
-            self.version += 1
-            self._since_publish = 0
-            sent = {n: v for n, v in arrays.items() if prev is None or n not in prev or not np.array_equal(prev[n], v)}
-            self._published_params = arrays
             self.metrics.count("weights_published")
-            return self._weights(kind, base, sent, streams)
-        if prev is None or any(not np.array_equal(prev.get(n), v) for n, v in arrays.items()):
-            # weights moved since the last publish: a snapshot gets its own version
-            self.version += 1
-            self._published_params = arrays
-            self._since_publish = 0
-        return self._weights(kind, None, arrays, streams)
-
-    def _weights(self, kind, base, arrays, streams) -> bytes:
-        part = lambda prefix: {n[len(prefix):]: wire.pack_array(v) for n, v in arrays.items() if n.startswith(prefix)}
+            arrays = {n: arrays[n] for n in moved}
+        part = lambda prefix: {n[len(prefix):]: wire.pack_array(v) for n, v in arrays.items() if n.startswith(prefix)}  # noqa: E731
         return wire.encode({"type": "weights", "kind": kind, "version": self.version, "base": base,
-                            "params": part("params."), "state": part("state."), "streams": streams})
+                            "params": part("params."), "state": part("state."), "slots": slots,
+                            "streams": streams})
 
     def stats_message(self) -> bytes:
         snap = self.metrics.snapshot(len(self.streams), len(self.free))

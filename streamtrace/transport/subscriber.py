@@ -38,6 +38,23 @@ class Subscriber:
 
 
 class WeightsSubscriber:
+    """The engine's current weights, kept exactly: a snapshot over request/reply, then each
+    published update whose base is the version held (a gap: a new snapshot).
+
+    Parameters: ``pub_endpoint`` the engine's PUB socket; ``router_endpoint`` its ROUTER (for
+    snapshots); ``ctx`` a ZeroMQ context to share. After ``poll``: ``version``, ``params`` and
+    ``state`` (name -> array, a row per entry of ``slots``, the engine's slots serving a
+    stream; shared weights have no row axis) and ``streams`` (stream -> its row).
+
+    >>> ws = WeightsSubscriber("ipc:///tmp/doc-pub", "ipc:///tmp/doc-router")
+    >>> ws.apply({"kind": "snapshot", "version": 3, "params": {"w": np.zeros((1, 2))}, "state": {},
+    ...           "slots": [5], "streams": {"a": 0}}), ws.slots, ws.streams
+    (True, [5], {'a': 0})
+    >>> ws.apply({"kind": "update", "version": 5, "base": 4, "params": {}, "state": {}})  # 4 was missed
+    False
+    >>> ws.close()
+    """
+
     def __init__(self, pub_endpoint: str = "tcp://127.0.0.1:5557",
                  router_endpoint: str = "tcp://127.0.0.1:5555", *, ctx: zmq.Context | None = None):
         self.sub = Subscriber(pub_endpoint, (b"weights",), ctx=ctx)
@@ -45,7 +62,8 @@ class WeightsSubscriber:
         self.version: int | None = None
         self.params: dict[str, np.ndarray] = {}
         self.state: dict[str, np.ndarray] = {}       # the rest of what predicts (readout, normaliser, experts)
-        self.streams: dict[str, int] = {}            # which slot serves which stream
+        self.slots: list[int] = []                   # the engine's slots the arrays' rows are
+        self.streams: dict[str, int] = {}            # each stream's row in the arrays
         self.snapshots = 0
 
     def _take(self, msg: dict, whole: bool):
@@ -53,7 +71,7 @@ class WeightsSubscriber:
             self.params, self.state = {}, {}
         for part in ("params", "state"):
             getattr(self, part).update({n: np.array(v) for n, v in msg.get(part, {}).items()})
-        self.streams = dict(msg.get("streams", {}))
+        self.slots, self.streams = list(msg.get("slots", [])), dict(msg.get("streams", {}))
         self.version = msg["version"]
 
     def snapshot(self):

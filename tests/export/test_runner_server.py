@@ -96,7 +96,7 @@ def test_weights_snapshot_names_serves_arrays(folder):
     for part in ("params", "state"):
         shapes = lambda w: {k: (tuple(v["shape"]), v["dtype"]) for k, v in w[part].items()}
         assert shapes(w_r) == shapes(w_e) and shapes(w_e)
-    assert w_r["streams"] == w_e["streams"] == {"a": 0}
+    assert (w_r["slots"], w_r["streams"]) == (w_e["slots"], w_e["streams"]) == ([0], {"a": 0})
     for k in w_e["params"]:      # no learning yet (the normaliser's warm-up): the same weights
         assert np.array_equal(wire.unpack_array(w_r["params"][k]), wire.unpack_array(w_e["params"][k]))
 
@@ -257,9 +257,9 @@ def test_serving_imports_no_zipfile_logging_or_tempfile(folder):
 
 def test_weights_message_written_slot_by_slot_equals_msgpack_of_the_stacked_arrays(folder):
     """The runner writes a weights message slot by slot into one buffer (weights_frame.py): its
-    bytes equal msgpack's of the same message built from the stacked arrays (the bank's
-    state_dict, wire.pack_array), for slots that differ (one stepped, one fresh), and its
-    digests equal those of the stacked arrays."""
+    bytes equal msgpack's of the same message built from the stacked arrays' rows of the slots
+    asked for (the bank's state_dict, wire.pack_array), for slots that differ (one stepped, one
+    fresh), for one slot of two and for none; its digests equal those of the same rows."""
     from streamtrace_runner import wire as rwire
     from streamtrace_runner.weights import digest
     from streamtrace_runner.weights_frame import digests, encode_weights
@@ -268,11 +268,66 @@ def test_weights_message_written_slot_by_slot_equals_msgpack_of_the_stacked_arra
     names = core.weights.chosen()
     stacked = core.bank.state_dict(set(names.values()))
     assert not np.array_equal(stacked["readout.W"][0], stacked["readout.W"][1])      # the slots differ
-    head = {"type": "weights", "kind": "snapshot", "version": 4, "base": None, "params": None, "state": None,
-            "streams": {"a": 0}}
     part = lambda p: {n[len(p):]: k for n, k in names.items() if n.startswith(p)}      # noqa: E731
-    got = encode_weights(head, {"params": part("params."), "state": part("state.")}, core.bank)
-    want = rwire.encode({**head, "params": {n: rwire.pack_array(stacked[k]) for n, k in part("params.").items()},
-                         "state": {n: rwire.pack_array(stacked[k]) for n, k in part("state.").items()}})
-    assert bytes(got) == want
-    assert digests(core.bank, names) == {n: digest(stacked[k]) for n, k in names.items()}
+    for slots in ([0, 1], [1], []):
+        head = {"type": "weights", "kind": "snapshot", "version": 4, "base": None, "params": None, "state": None,
+                "slots": slots, "streams": {"a": 0}}
+        got = encode_weights(head, {"params": part("params."), "state": part("state.")}, core.bank, slots)
+        rows = {k: v[np.asarray(slots, np.intp)] for k, v in stacked.items()}
+        want = rwire.encode({**head, "params": {n: rwire.pack_array(rows[k]) for n, k in part("params.").items()},
+                             "state": {n: rwire.pack_array(rows[k]) for n, k in part("state.").items()}})
+        assert bytes(got) == want, slots
+        assert digests(core.bank, names, slots) == {n: digest(rows[k]) for n, k in names.items()}, slots
+
+
+def _rebuilt(msgs):
+    """A subscriber's arrays after a snapshot and the updates after it (an update replaces the
+    arrays it carries), with the last message's slots and streams."""
+    held = {}
+    for m in msgs:
+        held = {} if m["kind"] == "snapshot" else held
+        held.update({f"{p}.{n}": wire.unpack_array(a) for p in ("params", "state") for n, a in m[p].items()})
+    return held, msgs[-1]["slots"], msgs[-1]["streams"]
+
+
+@pytest.mark.parametrize("side", ["serve", "runner"])
+def test_weights_carry_the_slots_serving_a_stream_and_rebuild_after_streams_come_and_go(folder, side):
+    """A weights message holds the rows of the slots that serve a stream (``slots``; ``streams``:
+    each stream's row), the same rows as the full stacked arrays; when the slots change, the
+    update carries every array (the fixed weights too), so a snapshot and its updates rebuild
+    exactly what a fresh snapshot holds, through a second stream's arrival and the first's
+    eviction. The oracle: the side's own full state, rows picked by numpy."""
+    now = [0.0]
+    core = _engine(clock=lambda: now[0], idle_timeout_s=5.0) if side == "serve" else \
+        _runner(folder, clock=lambda: now[0], idle_timeout_s=5.0)
+    def full():                   # message name -> the side's full array (every slot)
+        if side == "serve":
+            return {**{f"params.{n}": np.asarray(v) for n, v in core.learner.params.items()},
+                    **{f"state.{n}": np.asarray(v) for n, v in core.learner.predictor_state().items()}}
+        names = core.weights.chosen()
+        stacked = core.bank.state_dict(set(names.values()))
+        return {n: stacked[k] for n, k in names.items()}
+    got = lambda kind: wire.decode(bytes(core.weights_message(kind)))     # noqa: E731
+    msgs = [got("snapshot")]
+    assert (msgs[0]["slots"], msgs[0]["streams"]) == ([], {})
+    assert all(wire.unpack_array(a).shape[0] == 0 for a in msgs[0]["state"].values())
+    answers(core, _data("a", _series(30)))
+    msgs.append(got("update"))
+    assert (msgs[-1]["slots"], msgs[-1]["streams"]) == ([0], {"a": 0})
+    msgs.append(got("update"))
+    assert "fixed.W" not in msgs[-1]["params"], "an update for the same slots resent the fixed weights"
+    now[0] = 3.0
+    answers(core, _data("b", _series(20)))
+    msgs.append(got("update"))
+    assert (msgs[-1]["slots"], msgs[-1]["streams"]) == ([0, 1], {"a": 0, "b": 1})
+    assert "fixed.W" in msgs[-1]["params"]
+    now[0] = 7.0
+    core.evict_idle(now[0])                   # "a" idle for 7 s: its slot freed, "b" stays
+    answers(core, _data("b", _series(25)[20:], first=20))
+    msgs.append(got("update"))
+    held, slots, streams = _rebuilt(msgs)
+    assert (slots, streams) == ([1], {"b": 0})
+    snap = _rebuilt([got("snapshot")])[0]
+    assert set(held) == set(snap) and all(np.array_equal(held[n], snap[n]) for n in snap)
+    for n, v in full().items():
+        assert np.array_equal(snap[n], v[[1]]), n
