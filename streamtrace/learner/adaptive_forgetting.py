@@ -28,6 +28,7 @@ switch from 3.5e-3 to 1.1e-3; 0.98 overshot (one seed in three worse).
 """
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 __all__ = ["ChangeDetector", "AdaptiveForgetting", "adaptive_forgetting", "CAP", "SettingError"]
@@ -124,6 +125,7 @@ class AdaptiveForgetting:
         # after the update, not before: P then enters the update's products untouched, and a
         # stream that never fires is bit for bit the plain readout (measured: dividing first
         # changed XLA's fusion and the predictions by ~1e-9)
+        lam = jax.lax.optimization_barrier(lam)
         out["P"] = out["P"] / lam[:, None, None, None]
         return {**out, "forget": forget}, e
 

@@ -347,6 +347,8 @@ class StepFunctions:
                         _keep_finite(True, opt2, opt), jax.tree_util.tree_map(jnp.zeros_like, acc))
             new["params"], new["opt"], new["acc"] = jax.lax.cond(applied, do, lambda a: a, (params, opt, acc))
             counters = counters.at[_C["since_update"]].set(jnp.where(applied, 0, since))
+        if self.store.frozen:    # frozen groups as they came: their update adds zeros (unused: not computed)
+            new["params"] = {**new["params"], **{g: params[g] for g in self.store.frozen}}
         counters = self._count(counters, updates=applied)
         new["stats"] = {**state["stats"], "counters": counters}
         return new, applied
