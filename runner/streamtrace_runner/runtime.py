@@ -81,11 +81,16 @@ class Runner:
         self._in = {k: (tuple(shape), np.dtype(dt)) for k, (shape, dt) in m["inputs"].items()}
         if "label" in m.get("programs", {}):
             self._in["label"] = tuple(m["programs"]["label"]["inputs"][2][0]), np.dtype(m["programs"]["label"]["inputs"][2][1])
-        self._ones = np.ones(*self._in["active"])
         self._fixed = m.get("fixed_from", len(m["buffers"]))
-        self._no_target = np.zeros(*self._in["y"])
+        self._sizes = {k: int(np.prod(shape)) for k, (shape, _) in self._in.items()}
+        # inputs most steps pass as they are, on the device once (a copy in costs ~1.5 us)
+        self._constant = {"y": self.device.buffer(np.zeros(*self._in["y"])),
+                          **{(k, v): self.device.buffer(np.full(self._in[k][0], v, self._in[k][1])) for k in ("active", "learn")
+                             for v in (True, False)}}
         out = m["outputs"]
         self._pred_shape, self._n = tuple(out["prediction"]), out["loss"]
+        self._n_pred, self._per_slot = int(np.prod(self._pred_shape)), out["per_slot_applied"]
+        self._event_names = [{"screen": "outlier", "rollback": "rolled_back"}[k] for k in out.get("events", [])]
         # per slot, of the last step: the screen found an outlier, the step was undone
         self.events = {"outlier": np.zeros(self._n, bool), "rolled_back": np.zeros(self._n, bool)}
         # the same, of the last ``predict`` (the twin's: its screen's verdict; nothing rolled back)
@@ -163,16 +168,25 @@ class Runner:
     def _input(self, name, value):
         shape, dtype = self._in[name]
         a = np.asarray(value, dtype)
-        if a.size != int(np.prod(shape)):
+        if a.size != self._sizes[name]:
             raise RunnerError(f"{name} has shape {a.shape}, expected {shape}")
         return a.reshape(shape)
+
+    def _flags(self, name, value):
+        """``value`` of a flag input (active, learn; None: all ones) as a device buffer, those
+        of all ones or all zeros made once (a step's flags are mostly one of them)."""
+        if value is None:
+            return self._constant[(name, True)]
+        a = self._input(name, value)
+        if a.all():
+            return self._constant[(name, True)]
+        return a if a.any() else self._constant[(name, False)]
 
     def step(self, x, y=None, active=None, learn=None):
         """One step of every slot: (prediction, loss per slot, applied), as the learner's
         ``StepResult`` fields. ``y``: the target (supervised; ignored in forecast mode)."""
-        y = self._no_target if y is None else self._input("y", y)
-        active = self._ones if active is None else self._input("active", active)
-        learn = self._ones if learn is None else self._input("learn", learn)
+        y = self._constant["y"] if y is None else self._input("y", y)
+        active, learn = self._flags("active", active), self._flags("learn", learn)
         *out, vec = self._fn(*self._buffers, self._input("x", x), y, active, learn)
         self._kept(out)
         self.steps += 1
@@ -188,9 +202,8 @@ class Runner:
         """The step's (prediction, loss, applied (False)) without the step: the prediction twin
         (``Programs.predict``), the state untouched; ``step``'s prediction within float rounding
         (a module compiled apart); its per-slot events in ``twin_events``."""
-        y = self._no_target if y is None else self._input("y", y)
-        active = self._ones if active is None else self._input("active", active)
-        learn = self._ones if learn is None else self._input("learn", learn)
+        y = self._constant["y"] if y is None else self._input("y", y)
+        active, learn = self._flags("active", active), self._flags("learn", learn)
         [vec] = self.program("predict")(*self._buffers, self._input("x", x), y, active, learn)
         return self.decode(self.device.host(vec), events=self.twin_events)
 
@@ -211,16 +224,14 @@ class Runner:
     def decode(self, vec, events: dict | None = None):
         """The step's output vector as (prediction, loss, applied) (``Programs._decode``); the
         per-slot events (outlier, rolled_back) go to ``events`` (default ``self.events``)."""
-        n_pred, n = int(np.prod(self._pred_shape)), self._n
-        per_slot = self.manifest["outputs"]["per_slot_applied"]
+        n_pred, n, per_slot = self._n_pred, self._n, self._per_slot
         applied = vec[n_pred + n:n_pred + n + (n if per_slot else 1)] > 0.5
         flags = vec[n_pred + n + (n if per_slot else 1):].reshape(-1, n) > 0.5
-        names = {"screen": "outlier", "rollback": "rolled_back"}
         events = self.events if events is None else events
-        for key, f in zip(self.manifest["outputs"].get("events", []), flags):
-            events[names[key]] = f
-        return (vec[:n_pred].reshape(self._pred_shape), vec[n_pred:n_pred + self._n],
-                applied if self.manifest["outputs"]["per_slot_applied"] else bool(applied[0]))
+        for name, f in zip(self._event_names, flags):
+            events[name] = f
+        return (vec[:n_pred].reshape(self._pred_shape), vec[n_pred:n_pred + n],
+                applied if per_slot else bool(applied[0]))
 
     def state_dict(self) -> dict:
         """The state as the learner's ``state_dict()``: {name: numpy array}."""
