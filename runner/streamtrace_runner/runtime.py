@@ -83,7 +83,7 @@ class Runner:
             self._in["label"] = tuple(m["programs"]["label"]["inputs"][2][0]), np.dtype(m["programs"]["label"]["inputs"][2][1])
         self._fixed = m.get("fixed_from", len(m["buffers"]))
         self._sizes = {k: int(np.prod(shape)) for k, (shape, _) in self._in.items()}
-        # inputs most steps pass as they are, on the device once (a copy in costs ~1.5 us)
+        # inputs most steps pass as they are, copied to the device once, not at every step
         self._constant = {"y": self.device.buffer(np.zeros(*self._in["y"])),
                           **{(k, v): self.device.buffer(np.full(self._in[k][0], v, self._in[k][1])) for k in ("active", "learn")
                              for v in (True, False)}}
