@@ -38,6 +38,7 @@ the experts.
 """
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 from .slotwise import when_due
@@ -158,10 +159,7 @@ def periods(s: dict, threshold: float = 0.3, share: float = 0.5, margin: float =
     left = jnp.concatenate([jnp.full_like(r[:, :1], jnp.inf), r[:, :-1]], axis=1)
     right = jnp.concatenate([r[:, 1:], jnp.full_like(r[:, :1], jnp.inf)], axis=1)
     enough = ((s["k"] - 1)[:, None, None] - lag) >= lag                # two cycles seen
-    # the lowest r at lags <= p, as one reduction (lax.cummin compiles to four kernels)
-    before = (jnp.arange(P)[:, None] >= jnp.arange(P)[None, :])[None, :, :, None]
-    lowest = jnp.min(jnp.where(before, r[:, None], jnp.inf), axis=2)
-    dip = r - lowest                                                    # above the lowest before it
+    dip = r - jax.lax.cummin(r, axis=1)                                 # above the lowest before it
     cand = (lag >= 2) & (r >= left) & (r >= right) & (r > threshold) & (dip > prominence) & enough
     rc = jnp.where(cand, r, -jnp.inf)
     best = jnp.argmax(rc, axis=1)                                       # (N, C) index
