@@ -101,20 +101,23 @@ def update(s: dict, y, ok, window: int) -> dict:
     m = k - 1                                       # differences seen before this one
     have = (k >= 1)[:, None]
     d = jnp.where(have, y - f[:, 2 * P + 2], 0).astype(f.dtype)
-    a = jnp.maximum(1.0 / jnp.maximum(k, 1), 1.0 / window)[:, None, None].astype(d.dtype)
-    b = jnp.maximum(1.0 / (k + 1), 1.0 / P)[:, None, None].astype(d.dtype)      # the level's rate
     # every row of f at once (one elementwise pass, one kernel): row r holds ring[r] for r < P,
     # c_p (p = r - P + 1) for P <= r < 2P, then mu, v and the level
     row = jnp.arange(R)[None, :, None]
     count = m[:, None, None] - (row - P + 1) + 1                               # lag p's products incl. this
-    ap = jnp.maximum(1.0 / jnp.maximum(count, 1), 1.0 / window).astype(d.dtype)
+    # each row's rate, divided per row (a rate all rows share, one division per slot, XLA
+    # computes in a kernel of its own): lag p's max(1/count, 1/window), mu's and v's
+    # a = max(1/k, 1/window) after k targets, the level's b = max(1/(k + 1), 1/max_period)
+    kk = jnp.broadcast_to(k[:, None, None], count.shape)
+    den = jnp.where(row < 2 * P, jnp.maximum(count, 1), jnp.where(row < 2 * P + 2, jnp.maximum(kk, 1), kk + 1))
+    rate = jnp.maximum(1.0 / den, jnp.where(row == 2 * P + 2, 1.0 / P, 1.0 / window)).astype(d.dtype)
     D = d[:, None, :]
     shift = lambda n: jnp.pad(f[:, :R - n], ((0, 0), (n, 0), (0, 0)))          # row r: f's row r - n
     use = (have & ok[:, None])[:, None, :]
     new = jnp.where(row < P, jnp.where(row == 0, D, shift(1)),                  # the ring: d_t first
-          jnp.where(row < 2 * P, f + ap * (D * shift(P) - f),                    # c_p: ring[p - 1] = d_{t-p}
-          jnp.where(row == 2 * P, f + a * (D - f),                               # mu
-          jnp.where(row == 2 * P + 1, f + a * (D * D - f), f + b * (y[:, None, :] - f)))))   # v, the level
+          jnp.where(row < 2 * P, f + rate * (D * shift(P) - f),                 # c_p: ring[p - 1] = d_{t-p}
+          jnp.where(row == 2 * P, f + rate * (D - f),                            # mu
+          jnp.where(row == 2 * P + 1, f + rate * (D * D - f), f + rate * (y[:, None, :] - f)))))    # v, the level
     keep = jnp.where(row < P, use, jnp.where(row < 2 * P, use & (count >= 1), jnp.where(row < 2 * P + 2, use, ok[:, None, None])))
     return {**s, "k": jnp.where(ok, k + 1, k), "f": jnp.where(keep, new, f)}
 
@@ -166,7 +169,7 @@ def periods(s: dict, threshold: float = 0.3, share: float = 0.5, margin: float =
     half = jnp.concatenate([r[:, 1::2][:, :P // 2], jnp.full_like(r[:, :P - P // 2], jnp.inf)], axis=1)
     young = (s["k"] - 1)[:, None] < 8 * (first + 1)                     # too few cycles to judge r_{2 first}
     again = young | (jnp.take_along_axis(half, first[:, None, :], axis=1)[:, 0] > repeat)    # r_{2 first}
-    any_ = jnp.any(cand, axis=1) & again
+    any_ = (r_best > -jnp.inf) & again                                  # any candidate (jnp.any: 2 kernels)
     two = any_ & (best != first) & (r_best > r_first + margin)
     return (jnp.where(any_, first + 1, 0).astype(jnp.int32), jnp.where(two, best + 1, 0).astype(jnp.int32))
 
