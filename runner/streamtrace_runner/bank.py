@@ -47,7 +47,6 @@ class RunnerBank:
         self.slots = [None] * n
         self._loaded = runner.buffers         # the initial state the runner loaded, not yet handed out
         self._initial = None
-        self._learn = np.zeros(1, bool)
 
     def _fresh(self) -> list:
         if self._initial is None:
@@ -68,8 +67,7 @@ class RunnerBank:
         (outlier, rolled_back) in ``runner.events``."""
         r = self.runner
         r.buffers = self._state(slot)
-        self._learn[0] = learn
-        out = r.step(np.asarray(x)[None], None if y is None else np.asarray(y)[None], learn=self._learn)
+        out = r.step(np.asarray(x)[None], None if y is None else np.asarray(y)[None], learn=bool(learn))
         self.slots[slot] = r.buffers
         return out
 
@@ -78,8 +76,7 @@ class RunnerBank:
         prediction twin on the slot's state, which stays as it is."""
         r = self.runner
         r.buffers = self._state(slot)
-        self._learn[0] = learn
-        return r.predict(np.asarray(x)[None], None if y is None else np.asarray(y)[None], learn=self._learn)
+        return r.predict(np.asarray(x)[None], None if y is None else np.asarray(y)[None], learn=bool(learn))
 
     def label(self, slot: int, y, age: int) -> tuple:
         """The label ``y`` of the slot's step ``age`` steps back (the export's label program):

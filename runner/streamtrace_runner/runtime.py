@@ -173,10 +173,10 @@ class Runner:
         return a.reshape(shape)
 
     def _flags(self, name, value):
-        """``value`` of a flag input (active, learn; None: all ones) as a device buffer, those
-        of all ones or all zeros made once (a step's flags are mostly one of them)."""
-        if value is None:
-            return self._constant[(name, True)]
+        """``value`` of a flag input (active, learn) for the program: None or a bool is every
+        slot's (the buffers of all ones and all zeros made once), else an array per slot."""
+        if value is None or isinstance(value, bool):
+            return self._constant[(name, value is not False)]
         a = self._input(name, value)
         if a.all():
             return self._constant[(name, True)]
@@ -184,7 +184,8 @@ class Runner:
 
     def step(self, x, y=None, active=None, learn=None):
         """One step of every slot: (prediction, loss per slot, applied), as the learner's
-        ``StepResult`` fields. ``y``: the target (supervised; ignored in forecast mode)."""
+        ``StepResult`` fields. ``y``: the target (supervised; ignored in forecast mode);
+        ``active``, ``learn``: per slot, or one bool for all (None: True)."""
         y = self._constant["y"] if y is None else self._input("y", y)
         active, learn = self._flags("active", active), self._flags("learn", learn)
         *out, vec = self._fn(*self._buffers, self._input("x", x), y, active, learn)

@@ -70,21 +70,24 @@ class WeightArrays:
         self.published: dict | None = None
         self.slots: list | None = None
 
+    def _held_for(self, slots) -> dict | None:
+        """The digests of the last publish if it held these ``slots``' rows, else None."""
+        return self.published if list(slots) == self.slots else None
+
     def chosen(self, slots=None, skip_fixed: bool = False) -> dict:
         """{message name: checkpoint name}; ``skip_fixed``: without the fixed weights, where the
         last publish held them for the same ``slots``."""
-        skip = skip_fixed and self.published is not None and list(slots) == self.slots
+        skip = skip_fixed and self._held_for(slots) is not None
         return {n: k for n, k in self.names.items() if not (skip and n in self.fixed)}
 
     def changed(self, digests: dict, slots) -> list:
         """The names of ``digests`` ({name: ``digest``} of the rows of ``slots``) that differ
         from the last publish (all of them before any, or where it held other slots)."""
-        prev = self.published if list(slots) == self.slots else None
+        prev = self._held_for(slots)
         return [n for n, d in digests.items() if prev is None or prev.get(n) != d]
 
     def remember(self, digests: dict, slots):
         """Arrays of ``digests`` were published for ``slots``: their digests replace the ones kept
         (all of them, where the slots changed)."""
-        same = list(slots) == self.slots
-        self.published = {**(self.published or {} if same else {}), **digests}
+        self.published = {**(self._held_for(slots) or {}), **digests}
         self.slots = list(slots)

@@ -125,6 +125,8 @@ class AdaptiveForgetting:
         # after the update, not before: P then enters the update's products untouched, and a
         # stream that never fires is bit for bit the plain readout (measured: dividing first
         # changed XLA's fusion and the predictions by ~1e-9)
+        # the factor computed apart from P's update: fused into it, IREE (streamtrace export)
+        # evaluated the factor's conditions again for every vector of P; XLA's results the same
         lam = jax.lax.optimization_barrier(lam)
         out["P"] = out["P"] / lam[:, None, None, None]
         return {**out, "forget": forget}, e
