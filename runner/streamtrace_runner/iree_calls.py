@@ -6,6 +6,8 @@ device, so state buffers pass between programs), numpy arrays copied to device b
 program's results as device buffers, and a buffer's values back as numpy."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 __all__ = ["Device", "Program"]
@@ -30,6 +32,9 @@ class Device:
         self.device = b.get_cached_hal_driver(driver).create_device_by_uri(driver)
         self.instance = b.VmInstance()
         self.hal = b.create_hal_module(self.instance, self.device)
+        # what every copy to the device passes, looked up once (a step copies its input)
+        self._copy = self.device.allocator.allocate_buffer_copy
+        self._memory, self._usage = b.MemoryType.DEVICE_LOCAL, b.BufferUsage.DEFAULT
         et = b.HalElementType
         self._types = {np.dtype(k): getattr(et, v) for k, v in (
             ("f8", "FLOAT_64"), ("f4", "FLOAT_32"), ("f2", "FLOAT_16"), ("i8", "SINT_64"), ("i4", "SINT_32"),
@@ -44,18 +49,27 @@ class Device:
         a = np.asarray(a)
         if not a.flags.c_contiguous:      # (np.ascontiguousarray would make a 0-d array 1-d)
             a = np.ascontiguousarray(a)
-        return self.device.allocator.allocate_buffer_copy(
-            memory_type=self.b.MemoryType.DEVICE_LOCAL, allowed_usage=self.b.BufferUsage.DEFAULT,
-            device=self.device, buffer=a, element_type=self._types[a.dtype])
+        return self._copy(self._memory, self._usage, self.device, a, self._types[a.dtype])
 
-    def host(self, view) -> np.ndarray:
-        """A numpy copy of a device buffer's values."""
-        return np.array(view.map().asarray(tuple(view.shape), self._dtypes[int(view.element_type)]))
+    def view(self, buf):
+        """The buffer view of ``buf``: a view, or a program's result as ``Program`` returns it."""
+        return buf.deref(self.b.HalBufferView) if isinstance(buf, self.b.VmRef) else buf
+
+    def host(self, buf) -> np.ndarray:
+        """A numpy copy of a device buffer's values (a view or a program's result)."""
+        view = self.view(buf)
+        shape = tuple(view.shape)
+        # the mapping read through the buffer protocol: a numpy array from it costs less than
+        # the binding's own asarray
+        flat = np.frombuffer(view.map(), self._dtypes[int(view.element_type)], count=math.prod(shape))
+        return flat.reshape(shape).copy()
 
 
 class Program:
     """The function ``name`` of the IREE module file ``path`` on ``device``: called with device
-    buffers or numpy arrays (copied in), it returns its results as device buffers."""
+    buffers or numpy arrays (copied in), it returns its results as device buffers, each held by
+    a VM reference (``Device.view`` makes it a buffer view, ``Device.host`` reads it): a call's
+    results pass to the next call as they are, not converted (a step's state, every step)."""
 
     def __init__(self, device: Device, path, name: str = "main"):
         b, self.device = device.b, device
@@ -64,12 +78,13 @@ class Program:
         self.function = self.module.lookup_function(name)
         if self.function is None:
             raise KeyError(f"{path}: no function {name!r}")
+        self._held = (b.HalBufferView, b.VmRef)
 
     def __call__(self, *args) -> list:
-        b, d = self.device.b, self.device
+        b, d, held = self.device.b, self.device, self._held
         arg_list = b.VmVariantList(len(args))
         for a in args:
-            arg_list.push_ref(a if isinstance(a, b.HalBufferView) else d.buffer(a))
+            arg_list.push_ref(a if isinstance(a, held) else d.buffer(a))
         ret = b.VmVariantList(len(args) + 4)     # (a capacity: the list grows to the results)
         self.context.invoke(self.function, arg_list, ret)
-        return [ret.get_as_object(i, b.HalBufferView) for i in range(len(ret))]
+        return [ret.get_as_ref(i) for i in range(len(ret))]

@@ -14,7 +14,7 @@ import numpy as np
 
 from .checkpoints import read_checkpoint, write_checkpoint
 from .digest import file_sha256
-from .heap import trim
+from .heap import keep_freed, trim
 from .state_map import StateMap
 
 __all__ = ["Runner", "RunnerError"]
@@ -75,6 +75,7 @@ class Runner:
         self.folder = Path(folder)
         self.manifest = m = read_manifest(self.folder)
         self.map = StateMap.load(self.folder, m["buffers"])
+        keep_freed()        # each step's blocks reused by the next (heap.py)
         self.device = Device(driver)
         self._programs = {}
         self._fn = self.program("step")
@@ -91,6 +92,9 @@ class Runner:
         self._pred_shape, self._n = tuple(out["prediction"]), out["loss"]
         self._n_pred, self._per_slot = int(np.prod(self._pred_shape)), out["per_slot_applied"]
         self._event_names = [{"screen": "outlier", "rollback": "rolled_back"}[k] for k in out.get("events", [])]
+        n_pred, n = self._n_pred, self._n
+        end = n_pred + n + (n if self._per_slot else 1)      # the output vector: prediction, loss, applied, events
+        self._layout = slice(0, n_pred), slice(n_pred, n_pred + n), slice(n_pred + n, end), slice(end, None)
         # per slot, of the last step: the screen found an outlier, the step was undone
         self.events = {"outlier": np.zeros(self._n, bool), "rolled_back": np.zeros(self._n, bool)}
         # the same, of the last ``predict`` (the twin's: its screen's verdict; nothing rolled back)
@@ -225,14 +229,13 @@ class Runner:
     def decode(self, vec, events: dict | None = None):
         """The step's output vector as (prediction, loss, applied) (``Programs._decode``); the
         per-slot events (outlier, rolled_back) go to ``events`` (default ``self.events``)."""
-        n_pred, n, per_slot = self._n_pred, self._n, self._per_slot
-        applied = vec[n_pred + n:n_pred + n + (n if per_slot else 1)] > 0.5
-        flags = vec[n_pred + n + (n if per_slot else 1):].reshape(-1, n) > 0.5
+        pred, loss, applied, flags = self._layout
+        above = vec > 0.5
         events = self.events if events is None else events
-        for name, f in zip(self._event_names, flags):
+        for name, f in zip(self._event_names, above[flags].reshape(-1, self._n)):
             events[name] = f
-        return (vec[:n_pred].reshape(self._pred_shape), vec[n_pred:n_pred + n],
-                applied if per_slot else bool(applied[0]))
+        return (vec[pred].reshape(self._pred_shape), vec[loss],
+                above[applied] if self._per_slot else bool(above[applied.start]))
 
     def state_dict(self) -> dict:
         """The state as the learner's ``state_dict()``: {name: numpy array}."""

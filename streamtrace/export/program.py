@@ -10,6 +10,7 @@ import jax
 import numpy as np
 from jax import export
 
+from ..learner.barriers import without_barriers
 from ..learner.slotwise import without_branches
 from .parts import refusal
 from .tanh64 import rewrite_tanh64
@@ -43,7 +44,9 @@ def export_program(name: str, fn, args) -> Program:
     (True, [(3,)])
     """
     try:
-        with without_branches():    # IREE's compiler crashes on the period search in a branch
+        # IREE's compiler crashes on the period search in a branch, and a barrier makes its
+        # host wait for the device mid-step (learner/barriers.py)
+        with without_branches(), without_barriers():
             exported = export.export(jax.jit(fn, keep_unused=True))(*args)
     except Exception as e:  # noqa: BLE001 - jax raises many kinds; name the part
         raise ExportError(f"the {name} program cannot be exported by jax.export ({type(e).__name__}: {e})") from e

@@ -31,6 +31,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from .barriers import hold
+
 __all__ = ["ChangeDetector", "AdaptiveForgetting", "adaptive_forgetting", "CAP", "SettingError"]
 
 CAP = 10.0      # a squared error counts at most CAP times the slow level
@@ -127,7 +129,7 @@ class AdaptiveForgetting:
         # changed XLA's fusion and the predictions by ~1e-9)
         # the factor computed apart from P's update: fused into it, IREE (streamtrace export)
         # evaluated the factor's conditions again for every vector of P; XLA's results the same
-        lam = jax.lax.optimization_barrier(lam)
+        lam = hold(lam)
         out["P"] = out["P"] / lam[:, None, None, None]
         return {**out, "forget": forget}, e
 

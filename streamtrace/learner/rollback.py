@@ -56,7 +56,10 @@ def gate_buffers(layout, before: tuple, after: tuple, active):
     small buffer, and the counters are written into the packed int32 buffer in place."""
     n = len(layout.dtypes)
     ok = _finite(after[:n])
-    out = [jnp.where(ok, b, a) for a, b in zip(before[:n], after[:n])]
+    # the flag spread over each buffer: a select on one scalar flag is, for IREE (streamtrace
+    # export), a choice between two buffers that the host makes, reading the flag back and
+    # waiting for the device mid-step; per value it is one more elementwise select
+    out = [jnp.where(jnp.broadcast_to(ok, b.shape), b, a) for a, b in zip(before[:n], after[:n])]
     slots = {s.name: s for s in layout.slots}
     count, now = slots["rollback.count"], slots["rollback.now"]
     undone = (active & ~ok).astype(jnp.int32)

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import optax
 
 from .adam import clipped
+from .barriers import hold
 from .groups import SEPARATE_FROM, ParamStore
 from .optimizers import OptimizerParts
 from .rolling import RollingMetrics
@@ -129,7 +130,7 @@ def _check_gradient(grads, frozen=()):
         return grads, jnp.bool_(True)
     small = [i for i, g in enumerate(flat) if g.size < CHECK_BELOW] or \
         [min(range(len(flat)), key=lambda i: flat[i].size)]
-    held = jax.lax.optimization_barrier([flat[i] for i in small])
+    held = hold([flat[i] for i in small])
     for i, g in zip(small, held):
         flat[i] = g
     total = sum((jnp.sum(_ones_dot(g[None])) for g in held), jnp.zeros((), jnp.float32))
