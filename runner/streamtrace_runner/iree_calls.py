@@ -55,6 +55,11 @@ class Device:
         """The buffer view of ``buf``: a view, or a program's result as ``Program`` returns it."""
         return buf.deref(self.b.HalBufferView) if isinstance(buf, self.b.VmRef) else buf
 
+    def read(self, buf, dtype: np.dtype, count: int) -> np.ndarray:
+        """A numpy copy of the ``count`` values of dtype ``dtype`` a device buffer holds (a
+        view or a program's result), flat: ``host`` for a buffer whose type is known."""
+        return np.frombuffer(self.view(buf).map(), dtype, count=count).copy()
+
     def host(self, buf) -> np.ndarray:
         """A numpy copy of a device buffer's values (a view or a program's result)."""
         view = self.view(buf)

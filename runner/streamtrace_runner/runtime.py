@@ -95,6 +95,8 @@ class Runner:
         n_pred, n = self._n_pred, self._n
         end = n_pred + n + (n if self._per_slot else 1)      # the output vector: prediction, loss, applied, events
         self._layout = slice(0, n_pred), slice(n_pred, n_pred + n), slice(n_pred + n, end), slice(end, None)
+        (length,), dtype = m["output"]
+        self._vector = np.dtype(dtype), int(length)
         # per slot, of the last step: the screen found an outlier, the step was undone
         self.events = {"outlier": np.zeros(self._n, bool), "rolled_back": np.zeros(self._n, bool)}
         # the same, of the last ``predict`` (the twin's: its screen's verdict; nothing rolled back)
@@ -195,7 +197,7 @@ class Runner:
         *out, vec = self._fn(*self._buffers, self._input("x", x), y, active, learn)
         self._kept(out)
         self.steps += 1
-        return self.decode(self.device.host(vec))
+        return self.decode(self.device.read(vec, *self._vector))
 
     def _kept(self, out):
         # the frozen weights' buffers (from ``fixed_from`` on) never change: kept as they came in
@@ -210,7 +212,7 @@ class Runner:
         y = self._constant["y"] if y is None else self._input("y", y)
         active, learn = self._flags("active", active), self._flags("learn", learn)
         [vec] = self.program("predict")(*self._buffers, self._input("x", x), y, active, learn)
-        return self.decode(self.device.host(vec), events=self.twin_events)
+        return self.decode(self.device.read(vec, *self._vector), events=self.twin_events)
 
     def label(self, y, age: int, slot: int = 0):
         """Apply the label ``y`` of the step ``age`` steps before ``slot``'s latest (learning.
