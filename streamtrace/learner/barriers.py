@@ -13,14 +13,15 @@ turns a negative zero into a positive one, nothing else).
 from __future__ import annotations
 
 import contextlib
-import threading
 
 import jax
 import jax.numpy as jnp
 
+from .trace_mode import TraceMode
+
 __all__ = ["hold", "without_barriers"]
 
-_TRACE = threading.local()      # without_barriers() on this thread: how deep
+_SUMMED = TraceMode()       # on inside without_barriers()
 
 
 def _apart(v):
@@ -50,7 +51,7 @@ def hold(x):
         >>> "optimization_barrier" in text, "reduce" in text
         (False, True)
     """
-    if getattr(_TRACE, "depth", 0):
+    if _SUMMED.on:
         return jax.tree_util.tree_map(_apart, x)
     return jax.lax.optimization_barrier(x)
 
@@ -58,18 +59,13 @@ def hold(x):
 @contextlib.contextmanager
 def without_barriers():
     """Trace ``hold`` as a sum with zero, not a barrier, on this thread (nested calls allowed):
-    for a program IREE compiles. jax's trace caches are cleared on the way in and out, so that
-    a function traced with barriers is not reused without them, nor the other way round.
+    for a program IREE compiles. jax's trace caches are cleared on the way in and out
+    (``TraceMode``).
 
     Example::
 
         >>> with without_barriers():
         ...     pass
     """
-    jax.clear_caches()
-    _TRACE.depth = getattr(_TRACE, "depth", 0) + 1
-    try:
+    with _SUMMED.enter():
         yield
-    finally:
-        _TRACE.depth -= 1
-        jax.clear_caches()

@@ -14,13 +14,14 @@ other kernels). ``slotwise(fn)`` under ``vmap`` reshapes every argument from (B,
 from __future__ import annotations
 
 import contextlib
-import threading
 
 import jax
 import jax.numpy as jnp
 from jax import custom_batching
 
-_TRACE = threading.local()      # without_branches() on this thread: how deep
+from .trace_mode import TraceMode
+
+_BRANCHLESS = TraceMode()       # on inside without_branches()
 
 __all__ = ["slotwise", "when_due", "apart", "without_branches"]
 
@@ -100,7 +101,7 @@ def when_due(fn, due, s):
         ...     when_due(bump, jnp.array([False, True]), {"x": jnp.zeros(2)})["x"].tolist()
         [0.0, 1.0]
     """
-    if getattr(_TRACE, "depth", 0):
+    if _BRANCHLESS.on:
         return fn(due, s)
     return jax.lax.cond(jnp.any(due), fn, lambda due, s: s, due, s)
 
@@ -132,7 +133,7 @@ def apart(fn, *args):
         >>> apart(lambda a, b: a * b + 1, jnp.float32(2), jnp.float32(3)).item()
         7.0
     """
-    if getattr(_TRACE, "depth", 0):
+    if _BRANCHLESS.on:
         return fn(*args)
     # a predicate XLA cannot fold (a constant one would inline the branch); either way: fn
     leaves = jax.tree_util.tree_leaves(args)
@@ -153,10 +154,5 @@ def without_branches():
         >>> with without_branches():
         ...     pass
     """
-    jax.clear_caches()
-    _TRACE.depth = getattr(_TRACE, "depth", 0) + 1
-    try:
+    with _BRANCHLESS.enter():
         yield
-    finally:
-        _TRACE.depth -= 1
-        jax.clear_caches()
