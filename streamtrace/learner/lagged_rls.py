@@ -35,17 +35,11 @@ season + 2), newest first.
 from __future__ import annotations
 
 import jax.numpy as jnp
-import numpy as np
 
 __all__ = ["init", "restart", "back", "scale", "features", "predict", "update", "D"]
 
 D = 7       # regressors
 CLIP = 2.5  # each regressor, a change in units of the changes' RMS, is clipped to +-CLIP
-# the regressors' lags, a sum of multiples of p1, p2, 1 and 1 where p1 > 0 (rows): elementwise
-# products, not a stack of columns (XLA computes a stack in a kernel of its own when several read it)
-_LAGS = np.array([[0, 0, 1, 1, 1, 0, 2], [0, 0, 0, 0, 0, 1, 0], [1, 2, 0, 0, 0, 0, 0], [0, 0, 0, 1, 2, 0, 0]],
-                 np.int32)
-CHUNK = 32  # the ring is read in chunks of this many entries (``_pick``)
 
 
 def init(n: int, n_out: int, depth: int, dtype, delta: float = 0.1) -> dict:
@@ -102,18 +96,10 @@ def back(s, lag):
 
 def _pick(ring, lags):
     """ring[:, lag - 1] (N, C, L) for lags (N, C, L) (0 where a lag is outside 1..depth): the
-    ring holds y_{t-1}, y_{t-2}, .. in order.
-
-    The sum over the ring of the one entry each lag matches (the others are 0, so the sum is
-    that entry exactly), in chunks of ``CHUNK`` and then over the chunks: elementwise work and
-    two short sums, which XLA fuses into the kernel that uses the values. A gather needed its
-    indices computed in kernels of their own, and XLA splits one sum over a longer axis into
-    two kernels."""
-    N, R, C = ring.shape
-    m = -(-R // CHUNK)
-    rows = jnp.pad(jnp.swapaxes(ring, 1, 2), ((0, 0), (0, 0), (0, m * CHUNK - R))).reshape(N, C, 1, m, CHUNK)
-    hit = lags[..., None, None] == jnp.arange(1, m * CHUNK + 1).reshape(m, CHUNK)
-    return jnp.sum(jnp.sum(jnp.where(hit, rows, 0), axis=-1), axis=-1)
+    ring holds y_{t-1}, y_{t-2}, .. in order."""
+    R = ring.shape[1]
+    got = jnp.take_along_axis(jnp.swapaxes(ring, 1, 2), jnp.clip(lags - 1, 0, R - 1), axis=2)
+    return jnp.where((lags >= 1) & (lags <= R), got, 0)
 
 
 def _diffs(s, lags):
@@ -149,7 +135,7 @@ def features(s: dict, p1, p2):
     sc = scale(s)
     p1, p2 = jnp.minimum(p1, s["ring"].shape[1] - 1), jnp.minimum(p2, s["ring"].shape[1] - 1)
     on = jnp.where(p1 > 0, 1, 0)                                          # (0: no regressor)
-    lags = _LAGS[0] * p1[..., None] + _LAGS[1] * p2[..., None] + _LAGS[2] + _LAGS[3] * on[..., None]
+    lags = jnp.stack([1 + 0 * p1, 2 + 0 * p1, p1, on * (p1 + 1), on * (p1 + 2), p2, on * 2 * p1], axis=-1)
     return jnp.clip(_diffs(s, lags) / sc[..., None], -CLIP, CLIP)
 
 
