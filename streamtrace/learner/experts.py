@@ -246,21 +246,30 @@ class Experts:
         L = (1.0 - 1.0 / tau) * s["L"] + loss
         return {**s, "L": jnp.where(scored[:, None, None], L, s["L"]).astype(s["L"].dtype)}
 
-    def _weights(self, s, avail):
-        """The mixture's weights (K lists of (N, C)): the softmax over the available experts
-        of -eta L (as ``jax.nn.softmax``: exp(x - max) / the sum of those, left to right)."""
+    def _odds(self, s, avail):
+        """The mixture's weights before they are normalised, and their sum: exp(x - max) for
+        the available experts' x = -eta L (K lists of (N, C)), and the sum of those, left to right."""
         logits = [jnp.where(a, -self.eta * s["L"][:, k], -jnp.inf) for k, a in enumerate(avail)]
         top = functools.reduce(jnp.maximum, logits)
         ex = [jnp.exp(x - top) for x in logits]
-        total = functools.reduce(operator.add, ex)
+        return ex, functools.reduce(operator.add, ex)
+
+    def _weights(self, s, avail):
+        """The mixture's weights (K lists of (N, C)): the softmax over the available experts
+        of -eta L (as ``jax.nn.softmax``: exp(x - max) / the sum of those, left to right)."""
+        ex, total = self._odds(s, avail)
         return [x / total for x in ex]
 
     def _mix_each(self, s, model):
-        """``mix`` expert by expert (see ``_score_each``)."""
+        """``mix`` expert by expert (see ``_score_each``), normalised last: the sum of the
+        experts' predictions times exp(x - max), over the sum of those. (Normalising each
+        weight first, as the scoring does, made XLA compute each weight in a kernel of its own:
+        the prediction has two consumers, the pending forecast and the step's output, and a
+        division is not copied into two; one division last is one kernel for the mixture.)"""
         preds, avail = self._experts(s, model)
-        w = self._weights(s, avail)
-        terms = [wk * jnp.where(a, p, 0) for wk, a, p in zip(w, avail, preds)]
-        return functools.reduce(operator.add, terms).astype(model.dtype)
+        ex, total = self._odds(s, avail)
+        terms = [x * jnp.where(a, p, 0) for x, a, p in zip(ex, avail, preds)]
+        return (functools.reduce(operator.add, terms) / total).astype(model.dtype)
 
     def _score_each(self, s, model, y, scored):
         """``_score`` of the seasonal combiner, expert by expert: elementwise arithmetic on (N, C)
