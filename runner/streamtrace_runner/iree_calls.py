@@ -57,17 +57,15 @@ class Device:
 
     def read(self, buf, dtype: np.dtype, count: int) -> np.ndarray:
         """A numpy copy of the ``count`` values of dtype ``dtype`` a device buffer holds (a
-        view or a program's result), flat: ``host`` for a buffer whose type is known."""
+        view or a program's result), flat: ``host`` for a buffer whose type is known. (The
+        mapping is read through the buffer protocol: less work than the binding's asarray.)"""
         return np.frombuffer(self.view(buf).map(), dtype, count=count).copy()
 
     def host(self, buf) -> np.ndarray:
         """A numpy copy of a device buffer's values (a view or a program's result)."""
         view = self.view(buf)
         shape = tuple(view.shape)
-        # the mapping read through the buffer protocol: a numpy array from it costs less than
-        # the binding's own asarray
-        flat = np.frombuffer(view.map(), self._dtypes[int(view.element_type)], count=math.prod(shape))
-        return flat.reshape(shape).copy()
+        return self.read(view, self._dtypes[int(view.element_type)], math.prod(shape)).reshape(shape)
 
 
 class Program:

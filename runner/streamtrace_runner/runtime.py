@@ -90,9 +90,9 @@ class Runner:
                              for v in (True, False)}}
         out = m["outputs"]
         self._pred_shape, self._n = tuple(out["prediction"]), out["loss"]
-        self._n_pred, self._per_slot = int(np.prod(self._pred_shape)), out["per_slot_applied"]
+        self._per_slot = out["per_slot_applied"]
         self._event_names = [{"screen": "outlier", "rollback": "rolled_back"}[k] for k in out.get("events", [])]
-        n_pred, n = self._n_pred, self._n
+        n_pred, n = int(np.prod(self._pred_shape)), self._n
         end = n_pred + n + (n if self._per_slot else 1)      # the output vector: prediction, loss, applied, events
         self._layout = slice(0, n_pred), slice(n_pred, n_pred + n), slice(n_pred + n, end), slice(end, None)
         (length,), dtype = m["output"]
@@ -200,9 +200,8 @@ class Runner:
         return self.decode(self.device.read(vec, *self._vector))
 
     def _kept(self, out):
-        # the frozen weights' buffers (from ``fixed_from`` on) never change: kept as they came in
-        # (the program hands them back with some zeros' signs flipped, which a bank, serve's or
-        # bank.py's, would take for different weights)
+        # the frozen weights' buffers (from ``fixed_from`` on) never change: the ones passed in
+        # are kept, whatever a program hands back, so the slots of a bank go on sharing one copy
         self._buffers = out[:self._fixed] + self._buffers[self._fixed:]
 
     def predict(self, x, y=None, active=None, learn=None):
