@@ -12,6 +12,7 @@ from jax import export
 
 from ..learner.barriers import without_barriers
 from ..learner.slotwise import without_branches
+from ..learner.symmetric import by_columns
 from .parts import refusal
 from .tanh64 import rewrite_tanh64
 from .targets import compiler_flags
@@ -44,9 +45,10 @@ def export_program(name: str, fn, args) -> Program:
     (True, [(3,)])
     """
     try:
-        # IREE's compiler crashes on the period search in a branch, and a barrier makes its
-        # host wait for the device mid-step (learner/barriers.py)
-        with without_branches(), without_barriers():
+        # IREE's compiler crashes on the period search in a branch, a barrier makes its host
+        # wait for the device mid-step (learner/barriers.py), and it vectorises a symmetric
+        # matrix's product with a vector by columns, not by rows (learner/symmetric.py)
+        with without_branches(), without_barriers(), by_columns():
             exported = export.export(jax.jit(fn, keep_unused=True))(*args)
     except Exception as e:  # noqa: BLE001 - jax raises many kinds; name the part
         raise ExportError(f"the {name} program cannot be exported by jax.export ({type(e).__name__}: {e})") from e

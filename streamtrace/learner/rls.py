@@ -8,7 +8,7 @@ input x, and a bias), forgetting factor lam (1: remember everything) and P the i
 
 P starts at I / delta. Every slot has its own W and P (each stream its own readout), also
 when the model's weights are shared. A slot whose update is not finite keeps its old W, P.
-(P - k r' P is kept exactly symmetric by its form; see ``update``.)
+(P - k r' P is kept symmetric bit for bit by its form; see ``update``.)
 
 Several ``delta`` values: one readout per value, all updated every step, and each step's
 prediction comes from the one with the lowest recent prequential error (an exponential
@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+
+from .symmetric import sym_matvec
 
 __all__ = ["RLSReadout", "rls"]
 
@@ -92,7 +94,7 @@ class RLSReadout:
         W, P = state["W"], state["P"]
         r = r.astype(W.dtype)
         e = y.reshape(y.shape[0], 1, -1).astype(W.dtype) - self._all(W, r)      # (N, k, o)
-        Pr = jnp.einsum("nkij,nj->nki", P, r)
+        Pr = sym_matvec(P, r[:, None, :])                                         # P symmetric
         den = self.lam + jnp.einsum("nj,nkj->nk", r, Pr)                          # (N, k)
         fine = ok[:, None] & jnp.isfinite(den) & (den > 0) & \
             jnp.isfinite(jnp.sum(Pr, axis=-1) + jnp.sum(e, axis=-1))
@@ -100,7 +102,9 @@ class RLSReadout:
         e = jnp.where(fine[..., None], e, 0.0)
         W2 = W + (Pr * inv[..., None])[..., :, None] * e[..., None, :]
         shrink = jnp.where(fine, 1.0 / self.lam, 1.0)[..., None, None]
-        P2 = (P - (Pr * inv[..., None])[..., :, None] * Pr[..., None, :]) * shrink
+        # (Pr_i Pr_j) inv: the (i, j) and (j, i) values one product rounded alike, so P stays
+        # symmetric bit for bit (sym_matvec may sum it by rows or by columns)
+        P2 = (P - Pr[..., :, None] * Pr[..., None, :] * inv[..., None, None]) * shrink
         a = 1.0 / self.select_window
         err2 = jnp.where(fine, (1 - a) * state["err"] + a * jnp.mean(e * e, axis=-1), state["err"])
         return {"W": W2, "P": P2, "err": err2}, e
