@@ -156,7 +156,9 @@ def periods(s: dict, threshold: float = 0.3, share: float = 0.5, margin: float =
     r = autocorrelation(s)                                              # lags 1..P
     P = r.shape[1]
     lag = jnp.arange(1, P + 1)[None, :, None]
-    left = jnp.concatenate([jnp.full_like(r[:, :1], jnp.inf), r[:, :-1]], axis=1)
+    # lag p's left neighbour r_{p-1}; lag 1 has none and is no candidate (lag >= 2 below), so
+    # its slot repeats r_1 (a constant there becomes a copy IREE runs before the step)
+    left = jnp.concatenate([r[:, :1], r[:, :-1]], axis=1)
     right = jnp.concatenate([r[:, 1:], jnp.full_like(r[:, :1], jnp.inf)], axis=1)
     enough = ((s["k"] - 1)[:, None, None] - lag) >= lag                # two cycles seen
     # above the lowest before it: a running minimum as a scan of pairwise minima (log2 P rounds of
