@@ -139,14 +139,18 @@ def test_runner_equals_the_default_learner(exported):
     not used and the runner equals jax bit for bit (measured); after it the two compilers'
     last-bit differences (a 200-unit product summed in another order) pass through an RLS
     readout started at P = I / 1e-8: measured 1.0e-4 relative at most (median 4.7e-8), NRMSE
-    equal to 6.0e-6 relative."""
+    equal to 6.0e-6 relative. The runner's readout P stays symmetric bit for bit, as its
+    column-wise P r (learner/symmetric.py) takes it to be."""
     folder = exported("default")
     xs = mackey_glass(601)
-    ref, got = _side_by_side(_learner("default", folder), Runner(folder), xs[:600])
+    runner = Runner(folder)
+    ref, got = _side_by_side(_learner("default", folder), runner, xs[:600])
     assert np.max(_relative(ref[:WARMUP], got[:WARMUP])) < 1e-13
     assert np.max(_relative(ref, got)) < 1e-3
     a, b = _nrmse(ref[-400:], xs[201:601]), _nrmse(got[-400:], xs[201:601])
     assert abs(a - b) / a < 1e-4
+    P = runner.state_dict()["readout.P"]
+    np.testing.assert_array_equal(P, np.swapaxes(P, -1, -2))
 
 
 def test_the_runner_screens_a_glitch_as_the_learner_does(exported):
